@@ -1,0 +1,23 @@
+# Two commands do all the set-up on a fresh machine: `make install`, then `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: install test lint
+
+# torch is pinned through constraints.txt to the local CPU build (an unpinned torch pulls CUDA wheels);
+# torchvision's CUDA build is made importable by pipeline/compat/torchvision_cpu.py (a lazy .pth hook).
+install:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt torch==2.13.0 torchvision==0.28.0 --no-deps
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
+	$(BIN)/python -m pipeline.compat.torchvision_cpu --install
+	$(BIN)/python -c "import timm, torch, zarr, h5py, dvc, typer, pandas; print('environment ok: torch', torch.__version__, 'timm', timm.__version__)"
+
+test:
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -x --durations=15
+
+lint:
+	$(BIN)/ruff check .
