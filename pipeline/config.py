@@ -1,0 +1,312 @@
+"""Typed configuration: one dataclass per params.yaml section, each validating itself.
+
+params.yaml names a `preset` (pipeline/presets/<name>.yaml) that gives every key a value; any non-null key in
+params.yaml overrides it. `load_config` merges the two and returns a validated `Config`; an unknown key, a wrong
+type or an out-of-range value is an `FSCILError` that names it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.data.config import DataConfig
+from pipeline.errors import FSCILError
+
+PRESET_DIR = Path(__file__).parent / "presets"
+SECTIONS = ("data", "model", "base", "extract", "incremental")
+
+
+def _check(cond: bool, section: str, key: str, why: str) -> None:
+    if not cond:
+        raise FSCILError(f"params: {section + '.' if section else ''}{key} {why}")
+
+
+def _coerce(section: str, key: str, value: Any, hint: Any) -> Any:
+    """Check `value` against a field's type hint (int, float, bool, str, list[...] and Optional of those)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(section, key, value, args[0])
+    if origin in (list, tuple):
+        _check(isinstance(value, (list, tuple)), section, key, f"must be a list, got {value!r}")
+        (item,) = typing.get_args(hint)[:1]
+        return [_coerce(section, key, v, item) for v in value]
+    if hint is bool:
+        _check(isinstance(value, bool), section, key, f"must be true or false, got {value!r}")
+    elif hint is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), section, key, f"must be an integer, got {value!r}")
+    elif hint is float:
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), section, key,
+               f"must be a number, got {value!r}")
+        return float(value)
+    elif hint is str:
+        _check(isinstance(value, str), section, key, f"must be a string, got {value!r}")
+    return value
+
+
+class SectionConfig:
+    """Mixin: `from_dict` rejects unknown keys and mistyped values, naming them."""
+
+    section: typing.ClassVar[str] = ""
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]):
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise FSCILError(f"params: unknown key {cls.section}.{unknown[0]} (valid: {', '.join(sorted(names))})")
+        return cls(**{k: _coerce(cls.section, k, v, hints[k]) for k, v in values.items()})
+
+
+@dataclass
+class ModelConfig(SectionConfig):
+    section: typing.ClassVar[str] = "model"
+    backbone: str = "resnet12"
+    """Backbone name: resnet12, resnet18, vit_b16, swin_t."""
+    backbone_widths: list[int] | None = None
+    """ResNet-12 stage widths (None: 64-160-320-640); CPU configs use a slim one."""
+    resnet18_stem: str = "cifar"
+    """ResNet-18 stem: cifar (3x3, no max-pool) or imagenet (7x7 + max-pool)."""
+    timm_name: str | None = None
+    """timm model name overriding the default of vit_b16 / swin_t."""
+    pretrained: str | None = None
+    """Local path of backbone weights (.safetensors or .pt/.pth); never downloaded."""
+    pretrained_sha256: str | None = None
+    """Expected sha256 of the pretrained file (checked when given)."""
+    projector: str = "dual_ssm"
+    """Projector kind: dual_ssm (the paper), single_ssm (ablation row 2), mlp (baseline row 1)."""
+    dim: int = 640
+    """Projector width D'."""
+    d_state: int = 256
+    """SSM state size (D_B = D_C)."""
+    dt_rank: int = 256
+    """Low-rank width of f_Delta (D_Delta)."""
+    k_paths: int = 4
+    """Number of scan paths K: 1, 2 or 4."""
+    expand: int = 1
+    """d_inner = expand * D'."""
+    d_conv: int = 3
+    """Depthwise conv kernel of the x stream."""
+    mlp_layers: int = 2
+    """p_mlp depth: 2 or 3."""
+    out_norm: bool = False
+    """LayerNorm on the merged scan output before gating (the authors' code; the paper has none)."""
+    classifier: str = "etf"
+    """etf (fixed ETF + DR loss) or linear (learnable + cross-entropy)."""
+    etf_seed: int = 0
+    """Seed of the ETF's random orthonormal basis."""
+
+    def __post_init__(self):
+        from pipeline.models.backbones import BACKBONES
+        from pipeline.models.classifier import CLASSIFIERS
+        from pipeline.models.projector import PROJECTOR_KINDS
+
+        _check(self.backbone in BACKBONES, "model", "backbone", f"must be one of {sorted(BACKBONES)}")
+        _check(self.projector in PROJECTOR_KINDS, "model", "projector", f"must be one of {sorted(PROJECTOR_KINDS)}")
+        _check(self.classifier in CLASSIFIERS, "model", "classifier", f"must be one of {sorted(CLASSIFIERS)}")
+        _check(self.resnet18_stem in ("cifar", "imagenet"), "model", "resnet18_stem", "must be cifar or imagenet")
+        for key in ("dim", "d_state", "dt_rank", "expand", "d_conv"):
+            _check(getattr(self, key) >= 1, "model", key, "must be >= 1")
+        _check(self.k_paths in (1, 2, 4), "model", "k_paths", "must be 1, 2 or 4")
+        _check(self.mlp_layers in (2, 3), "model", "mlp_layers", "must be 2 or 3")
+
+
+@dataclass
+class BaseConfig(SectionConfig):
+    section: typing.ClassVar[str] = "base"
+    epochs: int = 200
+    """Base-session epochs."""
+    batch_size: int = 512
+    """Global batch size (split evenly over processes; results depend on this, not on the process count)."""
+    lr: float = 0.25
+    """Peak SGD learning rate of the projector (and of the backbone, times backbone_lr_scale)."""
+    backbone_lr_scale: float = 1.0
+    """Backbone learning-rate multiplier (CUB: 0.1)."""
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    warmup_steps: int = 100
+    """Linear warm-up steps before the cosine schedule."""
+    min_lr_ratio: float = 0.0
+    """Final learning rate as a fraction of lr."""
+    mixup_alpha: float = 0.0
+    """Batch Mixup alpha (0: off)."""
+    cutmix_alpha: float = 0.0
+    """Batch CutMix alpha (0: off)."""
+    mix_prob: float = 1.0
+    """Probability of mixing a batch when mixup/cutmix is on."""
+    dr_scale: float = 1.0
+    """Multiplier of the DR loss (the authors use 10)."""
+    checkpoint_every: int = 1
+    """Write a resumable checkpoint every this many epochs."""
+    eval_batch_size: int = 256
+
+    def __post_init__(self):
+        for key in ("epochs", "batch_size", "checkpoint_every", "eval_batch_size"):
+            _check(getattr(self, key) >= 1, "base", key, "must be >= 1")
+        _check(self.lr > 0, "base", "lr", "must be > 0")
+        _check(0 <= self.mix_prob <= 1, "base", "mix_prob", "must be in [0, 1]")
+        _check(self.warmup_steps >= 0, "base", "warmup_steps", "must be >= 0")
+
+
+@dataclass
+class ExtractConfig(SectionConfig):
+    section: typing.ClassVar[str] = "extract"
+    batch_size: int = 256
+    """Images per backbone forward."""
+    augmented_views: int = 0
+    """Extra augmented views stored per few-shot training image."""
+    chunk_samples: int = 256
+    """Zarr chunk length along the sample axis."""
+    dtype: str = "float32"
+    """Stored map dtype: float32 or float16."""
+
+    def __post_init__(self):
+        _check(self.batch_size >= 1, "extract", "batch_size", "must be >= 1")
+        _check(self.augmented_views >= 0, "extract", "augmented_views", "must be >= 0")
+        _check(self.chunk_samples >= 1, "extract", "chunk_samples", "must be >= 1")
+        _check(self.dtype in ("float32", "float16"), "extract", "dtype", "must be float32 or float16")
+
+
+@dataclass
+class IncrementalConfig(SectionConfig):
+    section: typing.ClassVar[str] = "incremental"
+    steps: list[int] = field(default_factory=lambda: [200])
+    """Training steps per session: one value for all sessions, or one per session."""
+    lr: float = 0.25
+    batch_size: int = 64
+    """Global batch size (shuffled, drop_last, cycled for `steps`)."""
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    warmup_steps: int = 5
+    """Linear warm-up from warmup_ratio * lr."""
+    warmup_ratio: float = 0.1
+    min_lr_ratio: float = 0.01
+    """Cosine schedule ends at min_lr_ratio * lr."""
+    copy: int = 1
+    """Copies of each earlier novel class's memory prototype in a session's training set."""
+    base_copy: list[int] = field(default_factory=lambda: [1])
+    """Copies of each base-class prototype: one value, or one per session."""
+    lambda1: float = 100.0
+    """Suppression weight on base inputs (eq. loss_supp)."""
+    lambda2: float = 0.0
+    """Activation weight on novel inputs (eq. loss_supp)."""
+    lambda3: float = 0.0
+    """Separation weight (eq. loss_sep)."""
+    suppression: str = "z"
+    """What the suppression loss acts on: z (the paper), silu_z, mu_inc."""
+    mixup_ratio: float = 0.5
+    """Feature-mixup ratio."""
+    mixup_prob: float = 0.0
+    """Feature-mixup probability per batch (0: off)."""
+    dr_scale: float = 1.0
+    eval_batch_size: int = 512
+
+    def __post_init__(self):
+        from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS
+
+        _check(len(self.steps) >= 1 and min(self.steps) >= 1, "incremental", "steps", "must be >= 1")
+        _check(len(self.base_copy) >= 1 and min(self.base_copy) >= 0, "incremental", "base_copy", "must be >= 0")
+        _check(self.batch_size >= 1, "incremental", "batch_size", "must be >= 1")
+        _check(self.copy >= 0, "incremental", "copy", "must be >= 0")
+        _check(self.lr > 0, "incremental", "lr", "must be > 0")
+        _check(self.suppression in SUPPRESSION_TARGETS, "incremental", "suppression",
+               f"must be one of {sorted(SUPPRESSION_TARGETS)}")
+        _check(0 <= self.mixup_prob <= 1, "incremental", "mixup_prob", "must be in [0, 1]")
+        for key in ("lambda1", "lambda2", "lambda3"):
+            _check(getattr(self, key) >= 0, "incremental", key, "must be >= 0")
+
+    def session_value(self, key: str, session: int) -> int:
+        """`steps` / `base_copy` of incremental session `session` (1-based): per-session lists or one value."""
+        values = getattr(self, key)
+        if len(values) == 1:
+            return values[0]
+        if session > len(values):
+            raise FSCILError(f"params: incremental.{key} has {len(values)} values but session {session} was asked")
+        return values[session - 1]
+
+
+@dataclass
+class Config:
+    preset: str
+    seed: int
+    device: str
+    data: DataConfig
+    model: ModelConfig
+    base: BaseConfig
+    extract: ExtractConfig
+    incremental: IncrementalConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"preset": self.preset, "seed": self.seed, "device": self.device}
+        for name in SECTIONS:
+            out[name] = dataclasses.asdict(getattr(self, name))
+        return out
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise FSCILError(f"{path}: no such file") from None
+    except yaml.YAMLError as err:
+        raise FSCILError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(values, dict):
+        raise FSCILError(f"{path}: expected a mapping at the top level")
+    return values
+
+
+def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Merge params (nulls mean "the preset's value") over the named preset; returns plain dicts."""
+    params = dict(params)
+    unknown = sorted(set(params) - {"preset", "seed", "device", *SECTIONS})
+    if unknown:
+        raise FSCILError(f"params: unknown key {unknown[0]} (valid: preset, seed, device, {', '.join(SECTIONS)})")
+    preset = params.get("preset") or "synthetic"
+    if preset not in available_presets():
+        raise FSCILError(f"params: preset {preset!r} does not exist (choose from {', '.join(available_presets())})")
+    merged = _read_yaml(PRESET_DIR / f"{preset}.yaml")
+    merged["preset"] = preset
+    for key in ("seed", "device"):
+        if params.get(key) is not None:
+            merged[key] = params[key]
+    for name in SECTIONS:
+        section = params.get(name) or {}
+        if not isinstance(section, dict):
+            raise FSCILError(f"params: {name} must be a mapping")
+        merged.setdefault(name, {})
+        merged[name].update({k: v for k, v in section.items() if v is not None})
+    return merged
+
+
+def build_config(params: dict[str, Any]) -> Config:
+    merged = resolve_params(params)
+    seed = merged.get("seed", 0)
+    _check(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, "", "seed",
+           "must be a non-negative integer")
+    device = merged.get("device", "auto")
+    _check(device in ("auto", "cpu", "cuda") or str(device).startswith("cuda:"), "", "device",
+           "must be auto, cpu or cuda[:N]")
+    data = dict(merged["data"])
+    data.setdefault("seed", seed)
+    return Config(preset=merged["preset"], seed=seed, device=device, data=DataConfig.from_dict(data),
+                  model=ModelConfig.from_dict(merged["model"]), base=BaseConfig.from_dict(merged["base"]),
+                  extract=ExtractConfig.from_dict(merged["extract"]),
+                  incremental=IncrementalConfig.from_dict(merged["incremental"]))
+
+
+def load_config(path: str | Path = "params.yaml") -> Config:
+    return build_config(_read_yaml(Path(path)))

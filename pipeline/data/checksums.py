@@ -1,0 +1,54 @@
+"""File checksums: hashing source and split files for provenance, and verifying expected digests.
+
+An expected digest is hex md5 (32 characters) or sha256 (64 characters); its length picks the algorithm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+
+from pipeline.errors import FSCILError
+
+_ALGO_BY_LENGTH = {32: "md5", 64: "sha256"}
+
+
+def file_digest(path: Path, algo: str = "sha256") -> str:
+    """Hex digest of a file, read in 1 MiB blocks."""
+    h = hashlib.new(algo)
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except FileNotFoundError:
+        raise FSCILError(f"missing file {path}") from None
+    except OSError as err:
+        raise FSCILError(f"unreadable file {path}: {err.strerror}") from None
+    return h.hexdigest()
+
+
+def digest_algorithm(expected: str) -> str:
+    """md5 or sha256 from the length of a hex digest; FSCILError for anything else."""
+    algo = _ALGO_BY_LENGTH.get(len(expected))
+    if algo is None or any(c not in "0123456789abcdef" for c in expected.lower()):
+        raise FSCILError(f"checksum {expected!r} is neither a hex md5 (32) nor a hex sha256 (64)")
+    return algo
+
+
+def verify_checksums(root: Path, expected: Mapping[str, str]) -> dict[str, str]:
+    """Check every `relative_path -> digest` under `root`; return {relative_path: "algo:digest"} for provenance."""
+    verified = {}
+    for rel, want in sorted(expected.items()):
+        algo = digest_algorithm(want)
+        path = root / rel
+        got = file_digest(path, algo)
+        if got != want.lower():
+            raise FSCILError(f"checksum mismatch for {path}: {algo} {got}, expected {want.lower()}")
+        verified[rel] = f"{algo}:{got}"
+    return verified
+
+
+def digest_files(root: Path, relative_paths: list[str], algo: str = "sha256") -> dict[str, str]:
+    """{relative_path: "algo:digest"} of the given files, for the pack's provenance."""
+    return {rel: f"{algo}:{file_digest(root / rel, algo)}" for rel in relative_paths}

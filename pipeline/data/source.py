@@ -1,0 +1,135 @@
+"""`SourceDataset`: a raw dataset on disk described in memory, with images decoded lazily.
+
+Every reader (cifar100, mini_imagenet, cub200, class_folder) returns one. Samples keep their source
+order and their source labels; relabelling into the session-ordered convention happens in `assemble.py`.
+Images come either from files (`paths`) or from an in-memory uint8 array (`arrays`, CIFAR).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from pipeline.errors import FSCILError
+
+# One fixed filter for every resize, so the same source always gives the same pack bytes.
+RESAMPLE = Image.Resampling.BILINEAR
+
+
+def one_line(err: BaseException | str) -> str:
+    """Collapse an underlying error message to one line (FSCILError messages must fit on one)."""
+    return " ".join(str(err).split())
+
+
+def decode_rgb(path: Path) -> Image.Image:
+    """Open an image file as RGB, raising FSCILError naming the file if it is missing or corrupt."""
+    try:
+        with Image.open(path) as img:
+            img.load()
+            return img.convert("RGB")
+    except FileNotFoundError:
+        raise FSCILError(f"missing image file {path}") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise FSCILError(f"unreadable image {path}: {one_line(err)}") from None
+
+
+def fit_square(img: Image.Image, size: int) -> np.ndarray:
+    """Resize the shorter side to `size` (aspect kept) and centre-crop a size x size square -> (size, size, 3) uint8.
+
+    An image that already is size x size passes through untouched (CIFAR at 32, miniImageNet at 84).
+    """
+    w, h = img.size
+    if (w, h) != (size, size):
+        scale = size / min(w, h)
+        nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
+        if (nw, nh) != (w, h):
+            img = img.resize((nw, nh), RESAMPLE)
+        left, top = (nw - size) // 2, (nh - size) // 2
+        img = img.crop((left, top, left + size, top + size))
+    return np.asarray(img, dtype=np.uint8).reshape(size, size, 3)
+
+
+@dataclass
+class SourceDataset:
+    """A raw dataset: per-sample label, train/test membership, split-file key and image source.
+
+    name: dataset kind ("cifar100", "mini_imagenet", ...).
+    root: the raw data folder.
+    class_names: (C,) names in source label order.
+    labels: (N,) int64 source labels.
+    is_train: (N,) bool, True for the source's training split.
+    keys: (N,) how split files refer to a sample (CIFAR: train index; mini: file name; CUB: relative path).
+    paths: (N,) image files, for file-backed sources.
+    arrays: (N, H, W, 3) uint8 images, for array-backed sources.
+    provenance: source files and their checksums, stored in the pack.
+    """
+
+    name: str
+    root: Path
+    class_names: list[str]
+    labels: np.ndarray
+    is_train: np.ndarray
+    keys: list[str]
+    paths: list[Path] | None = None
+    arrays: np.ndarray | None = None
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.labels = np.asarray(self.labels, dtype=np.int64)
+        self.is_train = np.asarray(self.is_train, dtype=bool)
+        n = len(self.labels)
+        if len(self.is_train) != n or len(self.keys) != n:
+            raise ValueError("labels, is_train and keys must have one entry per sample")
+        if (self.paths is None) == (self.arrays is None):
+            raise ValueError("a SourceDataset has exactly one of paths or arrays")
+        if self.paths is not None and len(self.paths) != n:
+            raise ValueError("paths must have one entry per sample")
+        if self.arrays is not None and len(self.arrays) != n:
+            raise ValueError("arrays must have one entry per sample")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @cached_property
+    def train_key_index(self) -> dict[str, int]:
+        """Split-file key -> sample id, over training samples only (split files list training samples)."""
+        return {self.keys[i]: int(i) for i in np.flatnonzero(self.is_train)}
+
+    def describe(self, i: int) -> str:
+        """Human-readable location of sample i for error messages."""
+        if self.paths is not None:
+            return str(self.paths[i])
+        return f"{self.root} sample {i}"
+
+    def has_image(self, i: int) -> bool:
+        return self.arrays is not None or self.paths[i].is_file()
+
+    def load(self, i: int, size: int) -> np.ndarray:
+        """Sample i as (size, size, 3) uint8, shorter side resized to `size` and centre-cropped."""
+        if self.arrays is not None:
+            arr = self.arrays[i]
+            if arr.shape[:2] == (size, size):
+                return np.ascontiguousarray(arr, dtype=np.uint8)
+            return fit_square(Image.fromarray(arr), size)
+        return fit_square(decode_rgb(self.paths[i]), size)
+
+
+def read_text_lines(path: Path, what: str) -> list[str]:
+    """The lines of a text index file, raising FSCILError naming it when missing or not utf-8."""
+    if not path.is_file():
+        raise FSCILError(f"missing {what} file {path}")
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise FSCILError(f"unreadable {what} file {path}: {one_line(err)}") from None
+
+
+def require_dir(path: Path, what: str) -> Path:
+    if not path.is_dir():
+        raise FSCILError(f"missing {what} directory {path}")
+    return path

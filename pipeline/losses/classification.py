@@ -1,0 +1,44 @@
+"""Classification losses on logits from a classifier head (pipeline/models/classifier.py).
+
+The ETF head's logits are cosines w_c . mu_hat, so the DR loss of eq. loss_dr is 0.5 (logit_y - 1)^2.
+Every loss takes an optional per-sample `weight` (mixup coefficients, class-balance factors) and a `denominator`
+(the number of samples in the *global* batch under DDP), so the result does not depend on how a batch is split.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _reduce(per_sample: torch.Tensor, weight: torch.Tensor | None, denominator: float | None) -> torch.Tensor:
+    if weight is not None:
+        per_sample = per_sample * weight
+    return per_sample.sum() / (per_sample.shape[0] if denominator is None else denominator)
+
+
+def dot_regression_loss(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
+                        denominator: float | None = None, scale: float = 1.0) -> torch.Tensor:
+    """eq. loss_dr: mean over samples of scale * 0.5 * (w_y . mu_hat - 1)^2. logits: (N, K) cosines; target: (N,)."""
+    cos_y = logits.gather(1, target[:, None]).squeeze(1)
+    return scale * _reduce(0.5 * (cos_y - 1.0) ** 2, weight, denominator)
+
+
+def cross_entropy_loss(logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
+                       denominator: float | None = None, scale: float = 1.0) -> torch.Tensor:
+    """Cross-entropy for the learnable linear head (paper table etf_ablation)."""
+    return scale * _reduce(F.cross_entropy(logits, target, reduction="none"), weight, denominator)
+
+
+def mixed_loss(loss_fn, logits: torch.Tensor, target_a: torch.Tensor, target_b: torch.Tensor, lam: torch.Tensor,
+               denominator: float | None = None, scale: float = 1.0) -> torch.Tensor:
+    """lam * L(y_a) + (1 - lam) * L(y_b), each sample counted once (lam: (N,) or a scalar).
+
+    The reference code double-counts one term under Mixup/CutMix; here the two targets share one denominator.
+    """
+    lam = torch.as_tensor(lam, dtype=logits.dtype, device=logits.device).expand(logits.shape[0])
+    return (loss_fn(logits, target_a, lam, denominator, scale)
+            + loss_fn(logits, target_b, 1.0 - lam, denominator, scale))
+
+
+CLASSIFICATION_LOSSES = {"etf": dot_regression_loss, "linear": cross_entropy_loss}

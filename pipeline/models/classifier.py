@@ -1,0 +1,55 @@
+"""Classifier heads: the fixed simplex ETF (paper sec. "Optimization") and a learnable linear head (table etf_ablation).
+
+Both map mu (N, D') to logits over the classes seen so far: (N, num_seen). Classes are session-ordered, so the
+classes seen after session t are the first `num_seen` columns.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def simplex_etf(dim: int, num_classes: int, seed: int = 0) -> torch.Tensor:
+    """W = sqrt(K/(K-1)) U (I - 11^T/K) with U the orthonormal columns of QR(random d x K): (D', K).
+
+    Columns are unit-norm with pairwise cosine -1/(K-1).
+    """
+    if num_classes < 2 or dim < num_classes:
+        raise ValueError(f"an ETF of {num_classes} classes needs 2 <= K <= D' (D' = {dim})")
+    gen = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(dim, num_classes, generator=gen, dtype=torch.float64))
+    k = num_classes
+    w = math.sqrt(k / (k - 1)) * u @ (torch.eye(k, dtype=torch.float64) - torch.full((k, k), 1.0 / k,
+                                                                                      dtype=torch.float64))
+    return w.float()
+
+
+class ETFClassifier(nn.Module):
+    """Fixed ETF prototypes (a buffer, never trained). logits = normalize(mu) . w_c: cosines in [-1, 1]."""
+
+    def __init__(self, dim: int, num_classes: int, seed: int = 0):
+        super().__init__()
+        self.register_buffer("weight", simplex_etf(dim, num_classes, seed))
+
+    def forward(self, mu: torch.Tensor, num_seen: int | None = None) -> torch.Tensor:
+        w = self.weight if num_seen is None else self.weight[:, :num_seen]
+        return F.normalize(mu, dim=-1) @ w
+
+
+class LinearClassifier(nn.Module):
+    """A learnable linear head trained with cross-entropy; logits restricted to the seen classes."""
+
+    def __init__(self, dim: int, num_classes: int, seed: int = 0):
+        super().__init__()
+        self.fc = nn.Linear(dim, num_classes)
+
+    def forward(self, mu: torch.Tensor, num_seen: int | None = None) -> torch.Tensor:
+        logits = self.fc(mu)
+        return logits if num_seen is None else logits[:, :num_seen]
+
+
+CLASSIFIERS: dict[str, type[nn.Module]] = {"etf": ETFClassifier, "linear": LinearClassifier}

@@ -1,0 +1,90 @@
+"""The projector (paper sec. "Dual Selective SSM Projector"): p_iden + g_base (+ g_inc), chosen by one string.
+
+kinds (params.yaml `model.projector`):
+- `dual_ssm`   the paper: frozen p_iden + g_base after the base session, g_inc trains in incremental sessions;
+- `single_ssm` ablation row 2: p_iden + g_base only, g_base keeps training in incremental sessions;
+- `mlp`        ablation row 1 / NC-FSCIL-like: the dual structure with a 3-layer MLP in place of the scan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pipeline.models.ss2d import BranchBase, BranchDims, MLPBranch, SS2DBranch
+
+
+@dataclass(frozen=True)
+class ProjectorKind:
+    branch: type[BranchBase]
+    dual: bool  # has a separate g_inc; otherwise g_base adapts in incremental sessions
+
+
+PROJECTOR_KINDS: dict[str, ProjectorKind] = {
+    "dual_ssm": ProjectorKind(SS2DBranch, dual=True),
+    "single_ssm": ProjectorKind(SS2DBranch, dual=False),
+    "mlp": ProjectorKind(MLPBranch, dual=True),
+}
+
+
+@dataclass
+class ProjectorOutput:
+    mu: torch.Tensor  # (N, D'), eq. mu_0 / mu_t
+    mu_iden: torch.Tensor
+    mu_base: torch.Tensor
+    mu_inc: torch.Tensor | None  # None in base mode and for single_ssm
+    aux: dict[str, torch.Tensor]  # Z / B / C / Delta of the adapting branch (when requested)
+
+
+class Projector(nn.Module):
+    """f: (N, C, H, W) -> ProjectorOutput. mode "base": mu = mu_iden + mu_base; "incremental" adds mu_inc."""
+
+    def __init__(self, kind: str, in_channels: int, feature_hw: tuple[int, int], dims: BranchDims):
+        super().__init__()
+        if kind not in PROJECTOR_KINDS:
+            raise ValueError(f"unknown projector kind {kind!r}; choose from {sorted(PROJECTOR_KINDS)}")
+        self.kind = kind
+        spec = PROJECTOR_KINDS[kind]
+        # eq. mu_iden_0: Pool then a linear map C -> D' (identity when C == D')
+        self.p_iden = nn.Linear(in_channels, dims.dim, bias=False) if in_channels != dims.dim else nn.Identity()
+        self.g_base = spec.branch(in_channels, feature_hw, dims)
+        self.g_inc = spec.branch(in_channels, feature_hw, dims, zero_init_gate=True) if spec.dual else None
+        self._frozen: list[nn.Module] = []
+
+    @property
+    def adapting_branch(self) -> BranchBase:
+        """The branch trained in incremental sessions (and regularised by the class-sensitive losses)."""
+        return self.g_inc if self.g_inc is not None else self.g_base
+
+    def frozen_after_base(self) -> list[nn.Module]:
+        return [self.p_iden, self.g_base] if self.g_inc is not None else [self.p_iden]
+
+    def freeze_base(self) -> None:
+        """Freeze what the base session trained: no gradients, and eval mode kept through `train()`."""
+        self._frozen = self.frozen_after_base()
+        for module in self._frozen:
+            module.requires_grad_(False)
+            module.eval()
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for module in self._frozen:
+            module.eval()
+        return self
+
+    def forward(self, f: torch.Tensor, mode: str = "base", return_aux: bool = False) -> ProjectorOutput:
+        if mode not in ("base", "incremental"):
+            raise ValueError(f"mode must be 'base' or 'incremental', got {mode!r}")
+        mu_iden = self.p_iden(f.mean(dim=(2, 3)))
+        if return_aux and mode == "incremental" and self.g_inc is None:
+            mu_base, aux = self.g_base(f, return_aux=True)  # single_ssm: g_base is the adapting branch
+        else:
+            mu_base, aux = self.g_base(f), {}
+        mu = mu_iden + mu_base
+        mu_inc = None
+        if mode == "incremental" and self.g_inc is not None:
+            mu_inc, aux = self.g_inc(f, return_aux=True) if return_aux else (self.g_inc(f), {})
+            mu = mu + mu_inc  # eq. mu_t
+        return ProjectorOutput(mu=mu, mu_iden=mu_iden, mu_base=mu_base, mu_inc=mu_inc, aux=aux)

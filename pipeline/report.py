@@ -1,0 +1,68 @@
+"""Per-session results: accuracy on all seen / base / novel classes, AVG, PD (first minus last) and final accuracy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from pipeline.atomic import atomic_output, atomic_write_text
+
+
+def session_table(results: list[dict]) -> pd.DataFrame:
+    """One row per session (0 = base), ordered by session."""
+    rows = [{"session": r["session"], "acc": r["acc"], "base_acc": r["base_acc"], "novel_acc": r["novel_acc"],
+             "num_seen_classes": r["num_seen_classes"], "num_test": r["num_test"]} for r in results]
+    table = pd.DataFrame(rows).sort_values("session").reset_index(drop=True)
+    expected = list(range(len(table)))
+    if table["session"].tolist() != expected:
+        raise ValueError(f"sessions {table['session'].tolist()} are not 0..{len(table) - 1}")
+    return table
+
+
+def summarise(table: pd.DataFrame) -> dict:
+    """metrics.json content: accuracy per session, AVG, PD and final (all in %)."""
+    acc = table["acc"].astype(float).tolist()
+    return {
+        "avg": round(sum(acc) / len(acc), 4),
+        "pd": round(acc[0] - acc[-1], 4),
+        "final": round(acc[-1], 4),
+        "base": round(acc[0], 4),
+        "final_base_acc": table["base_acc"].iloc[-1],
+        "final_novel_acc": table["novel_acc"].iloc[-1],
+        "sessions": {f"s{int(s)}": round(float(a), 4) for s, a in zip(table["session"], acc)},
+    }
+
+
+def plot_accuracy(table: pd.DataFrame, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for column, label in (("acc", "all seen classes"), ("base_acc", "base classes"), ("novel_acc", "novel classes")):
+        ax.plot(table["session"], table[column], marker="o", label=label)
+    ax.set_xlabel("session")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(title)
+    ax.set_xticks(table["session"])
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+def write_report(results: list[dict], metrics_path: Path, out_dir: Path, title: str = "Mamba-FSCIL") -> dict:
+    """Write metrics.json, out_dir/sessions.csv and out_dir/accuracy.png; returns the summary."""
+    table = session_table(results)
+    summary = summarise(table)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_output(out_dir / "sessions.csv") as tmp:
+        table.to_csv(tmp, index=False)
+    plot_accuracy(table, out_dir / "accuracy.png", title)
+    atomic_write_text(metrics_path, json.dumps(summary, indent=2) + "\n")
+    return summary

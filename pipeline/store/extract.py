@@ -1,0 +1,94 @@
+"""Fill the feature store from the frozen base backbone (eval mode, test-time transform).
+
+Writes the maps of every test image, of every few-shot training image (plus optional augmented views), and the
+class-mean maps of the base classes (eq. memory), streaming batch by batch.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from pipeline.data.augment import test_transform, train_augment
+from pipeline.data.pack import ImagePack
+from pipeline.data.presets import get_preset
+from pipeline.store.feature_store import FeatureStoreWriter
+from pipeline.training.base_session import load_base_model
+from pipeline.training.distributed import resolve_device
+
+
+def _batches(ids: np.ndarray, size: int):
+    for start in range(0, len(ids), size):
+        yield start, ids[start:start + size]
+
+
+@torch.no_grad()
+def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_progress: bool = True) -> dict:
+    """Write the store at `out_path` (the caller makes it atomic); returns a summary."""
+    started = time.time()
+    device = resolve_device(cfg.device)
+    with ImagePack.open(pack_path) as pack:
+        model, meta, ckpt_sha = load_base_model(cfg, base_dir, pack.content_hash)
+        backbone = model.backbone.to(device).eval()
+        preset = get_preset(pack.preset)
+        protocol = pack.protocol
+        num_base = len(protocol.sessions[0].classes)
+        test_ids = np.asarray(protocol.test_ids)
+        fewshot_ids = np.concatenate([s.train_ids for s in protocol.sessions[1:]]).astype(np.int64)
+        fewshot_session = np.concatenate([np.full(len(s.train_ids), s.index) for s in protocol.sessions[1:]])
+        base_ids = np.asarray(protocol.sessions[0].train_ids)
+        hw = backbone.feature_hw(preset.input_size)
+        map_shape = (backbone.out_channels, *hw)
+        views = cfg.extract.augmented_views
+        writer = FeatureStoreWriter(
+            out_path, map_shape, {"test": len(test_ids), "fewshot": len(fewshot_ids)}, num_base, views,
+            cfg.extract.dtype, cfg.extract.chunk_samples,
+            attrs={"pack_hash": pack.content_hash, "checkpoint_sha256": ckpt_sha, "preset": pack.preset,
+                   "transform": {"kind": "test", "input_size": preset.input_size}, "num_classes": protocol.num_classes,
+                   "num_base": num_base, "num_sessions": len(protocol.sessions), "backbone": cfg.model.backbone},
+        )
+        size = cfg.extract.batch_size
+        np_dtype = np.dtype(cfg.extract.dtype)
+
+        def maps_of(ids: np.ndarray, gen: torch.Generator | None = None) -> np.ndarray:
+            images = torch.from_numpy(pack.read_images(ids)).to(device)
+            x = test_transform(images, preset) if gen is None else train_augment(images, preset, gen)
+            return backbone(x).float().cpu().numpy()
+
+        total = len(test_ids) + len(fewshot_ids) * (1 + views) + len(base_ids)
+        bar = tqdm(total=total, desc="extract", unit="img", disable=not show_progress)
+        for part, ids, extra in (("test", test_ids, None), ("fewshot", fewshot_ids, fewshot_session)):
+            for start, chunk in _batches(ids, size):
+                writer.write(f"{part}/maps", start, maps_of(chunk).astype(np_dtype))
+                bar.update(len(chunk))
+            writer.write(f"{part}/labels", 0, pack.labels[ids])
+            writer.write(f"{part}/ids", 0, ids)
+            if extra is not None:
+                writer.write(f"{part}/session", 0, extra)
+        for view in range(views):
+            gen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + 104_729 + view)
+            for start, chunk in _batches(fewshot_ids, size):
+                writer.write_view(view, start, maps_of(chunk, gen).astype(np_dtype))
+                bar.update(len(chunk))
+        # class-mean maps of the base classes, accumulated in float64 (eq. memory)
+        base_classes = np.asarray(protocol.sessions[0].classes)
+        sums = np.zeros((len(base_classes), *map_shape), dtype=np.float64)
+        counts = np.zeros(len(base_classes), dtype=np.int64)
+        slot = {int(c): i for i, c in enumerate(base_classes)}
+        for _, chunk in _batches(base_ids, size):
+            maps = maps_of(chunk)
+            rows = np.array([slot[int(c)] for c in pack.labels[chunk]])
+            np.add.at(sums, rows, maps)
+            np.add.at(counts, rows, 1)
+            bar.update(len(chunk))
+        bar.close()
+        writer.write("memory/base_means", 0, (sums / counts[:, None, None, None]).astype(np.float32))
+        writer.write("memory/base_classes", 0, base_classes.astype(np.int64))
+        writer.finish()
+    return {"test": int(len(test_ids)), "fewshot": int(len(fewshot_ids)), "augmented_views": views,
+            "base_classes": int(len(base_classes)), "map_shape": list(map_shape), "checkpoint_sha256": ckpt_sha,
+            "seconds": round(time.time() - started, 2)}

@@ -1,0 +1,130 @@
+"""The cached-feature store (Zarr v3): frozen-backbone maps that all incremental sessions train on.
+
+Layout (arrays chunked along samples):
+    test/maps (N, C, H, W), test/labels (N,), test/ids (N,)           every test image of the pack
+    fewshot/maps (M, C, H, W), fewshot/labels, fewshot/ids, fewshot/session   the few-shot training images
+    fewshot/views (V, M, C, H, W)                                    optional augmented views
+    memory/base_means (B, C, H, W), memory/base_classes (B,)         class-mean maps of the base classes (eq. memory)
+Root attributes hold the format version, the sha256 of the image pack's content and of the base checkpoint, the
+map shape, dtype and the transform. `FeatureStore.open` refuses a store that is incomplete, of another format,
+or built from another checkpoint or data pack.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from pipeline.errors import FSCILError
+
+FORMAT = "mamba-fscil-features/1"
+
+
+class FeatureStoreWriter:
+    """Creates the arrays up front, then takes slices; `finish` marks the store complete."""
+
+    def __init__(self, path: Path, map_shape: tuple[int, int, int], counts: dict[str, int], num_base: int,
+                 views: int, dtype: str, chunk: int, attrs: dict[str, Any]):
+        self.root = zarr.open_group(str(path), mode="w", zarr_format=3)
+        self.dtype = dtype
+        c, h, w = map_shape
+
+        def make(name: str, shape: tuple[int, ...], dt: str, axis_chunk: int | None = None) -> None:
+            chunks = (min(axis_chunk or chunk, max(shape[0], 1)), *shape[1:])
+            self.root.create_array(name, shape=shape, chunks=chunks, dtype=dt)
+
+        for part in ("test", "fewshot"):
+            n = counts[part]
+            make(f"{part}/maps", (n, c, h, w), dtype)
+            make(f"{part}/labels", (n,), "int64")
+            make(f"{part}/ids", (n,), "int64")
+        make("fewshot/session", (counts["fewshot"],), "int64")
+        if views:
+            self.root.create_array("fewshot/views", shape=(views, counts["fewshot"], c, h, w),
+                                   chunks=(1, min(chunk, max(counts["fewshot"], 1)), c, h, w), dtype=dtype)
+        make("memory/base_means", (num_base, c, h, w), "float32")
+        make("memory/base_classes", (num_base,), "int64")
+        self.root.attrs.update({**attrs, "format": FORMAT, "complete": False, "map_shape": [c, h, w],
+                                "dtype": dtype, "augmented_views": views})
+
+    def write(self, name: str, start: int, values: np.ndarray) -> None:
+        self.root[name][start:start + len(values)] = values
+
+    def write_view(self, view: int, start: int, values: np.ndarray) -> None:
+        self.root["fewshot/views"][view, start:start + len(values)] = values
+
+    def finish(self) -> None:
+        self.root.attrs["complete"] = True
+
+
+class FeatureStore:
+    """Read access with metadata checks. Arrays come back as numpy (float32 maps)."""
+
+    def __init__(self, path: Path, root: zarr.Group):
+        self.path, self.root = path, root
+        self.attrs: dict[str, Any] = root.attrs.asdict()
+
+    @classmethod
+    def open(cls, path: str | Path, pack_hash: str | None = None, checkpoint_sha256: str | None = None
+             ) -> FeatureStore:
+        path = Path(path)
+        if not path.exists():
+            raise FSCILError(f"{path}: feature store not found; run `fscil stage extract` first")
+        try:
+            root = zarr.open_group(str(path), mode="r")
+            attrs = root.attrs.asdict()
+        except Exception as err:  # zarr raises a variety of errors on corrupt metadata
+            raise FSCILError(f"{path}: not a readable Zarr store ({type(err).__name__})") from None
+        if attrs.get("format") != FORMAT:
+            raise FSCILError(f"{path}: not a feature store of this pipeline (format {attrs.get('format')!r})")
+        if not attrs.get("complete"):
+            raise FSCILError(f"{path}: incomplete feature store (its extraction did not finish); rerun extract")
+        if pack_hash is not None and attrs.get("pack_hash") != pack_hash:
+            raise FSCILError(f"{path}: feature store was built from another data pack; rerun extract")
+        if checkpoint_sha256 is not None and attrs.get("checkpoint_sha256") != checkpoint_sha256:
+            raise FSCILError(f"{path}: feature store was built from another base checkpoint; rerun extract")
+        store = cls(path, root)
+        for name in ("test/maps", "fewshot/maps", "memory/base_means"):
+            if name not in root:
+                raise FSCILError(f"{path}: feature store lacks {name}")
+            if list(root[name].shape[1:]) != attrs["map_shape"]:
+                raise FSCILError(f"{path}: {name} has maps of shape {root[name].shape[1:]}, "
+                                 f"metadata says {tuple(attrs['map_shape'])}")
+        return store
+
+    @property
+    def map_shape(self) -> tuple[int, int, int]:
+        return tuple(self.attrs["map_shape"])
+
+    def _read(self, name: str, index: np.ndarray | slice = slice(None)) -> np.ndarray:
+        try:
+            values = self.root[name][index] if isinstance(index, slice) else self.root[name].get_orthogonal_selection(
+                (index,))
+        except Exception as err:
+            raise FSCILError(f"{self.path}: cannot read {name} ({type(err).__name__}: {err})") from None
+        return np.asarray(values)
+
+    def test_set(self, max_label: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Test maps (float32) and labels, restricted to labels < max_label (the classes seen so far)."""
+        labels = self._read("test/labels")
+        keep = np.arange(len(labels)) if max_label is None else np.flatnonzero(labels < max_label)
+        return self._read("test/maps", keep).astype(np.float32), labels[keep]
+
+    def fewshot(self, session: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Maps, labels and (V, n, C, H, W) augmented views (or None) of one incremental session's shots."""
+        sessions = self._read("fewshot/session")
+        rows = np.flatnonzero(sessions == session)
+        if len(rows) == 0:
+            raise FSCILError(f"{self.path}: no few-shot samples stored for session {session}")
+        maps = self._read("fewshot/maps", rows).astype(np.float32)
+        views = None
+        if self.attrs.get("augmented_views", 0):
+            views = np.asarray(self.root["fewshot/views"].get_orthogonal_selection((slice(None), rows)),
+                               dtype=np.float32)
+        return maps, self._read("fewshot/labels", rows), views
+
+    def base_memory(self) -> tuple[np.ndarray, np.ndarray]:
+        return self._read("memory/base_means").astype(np.float32), self._read("memory/base_classes")

@@ -1,0 +1,221 @@
+"""Base-session training (paper eq. optim_base): backbone f, p_iden and g_base with the DR loss on the base classes.
+
+Determinism and process-count invariance: the epoch order is a permutation seeded by (seed, epoch), the
+augmentation and Mixup/CutMix randoms by (seed, step), and each process keeps its slice of the global batch (see
+pipeline/training/distributed.py). No checkpoint is selected on test data: the final weights are the result.
+Resumable: a checkpoint with the optimizer state is written every `checkpoint_every` epochs next to the output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from pipeline.data.augment import mixup_cutmix, test_transform, train_augment
+from pipeline.data.pack import ImagePack
+from pipeline.data.presets import get_preset
+from pipeline.errors import FSCILError
+from pipeline.losses.classification import CLASSIFICATION_LOSSES, mixed_loss
+from pipeline.models.fscil import FSCILModel, build_model
+from pipeline.training.checkpoint import file_sha256, load_checkpoint, read_metadata, save_checkpoint
+from pipeline.training.distributed import (
+    ProcessGroup,
+    barrier,
+    convert_global_batchnorm,
+    init_process_group,
+    resolve_device,
+)
+from pipeline.training.evaluate import predict, session_metrics
+from pipeline.training.schedule import set_lr, warmup_cosine
+
+MODEL_FILE = "model.safetensors"
+RESUME_FILE = "resume.safetensors"
+
+
+def config_digest(cfg, sections=("data", "model", "base")) -> str:
+    """A hash of the config sections that determine the base model (plus the seed)."""
+    full = cfg.to_dict()
+    blob = json.dumps({k: full[k] for k in ("seed", *sections)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def load_base_model(cfg, base_dir: Path, pack_hash: str | None = None) -> tuple[FSCILModel, dict, str]:
+    """The trained base model, refusing a checkpoint trained with other params or on another data pack.
+
+    Returns (model on CPU, checkpoint metadata, sha256 of the checkpoint file).
+    """
+    path = Path(base_dir) / MODEL_FILE
+    expect = {"kind": "base-model", "config": config_digest(cfg)}
+    if pack_hash is not None:
+        expect["data"] = pack_hash
+    tensors, meta = load_checkpoint(path, expect)
+    model = build_model(cfg.model, meta["num_classes"], meta["input_size"], seed=cfg.seed)
+    model.load_state_dict(tensors)
+    return model, meta, file_sha256(path)
+
+
+class _BaseNet(nn.Module):
+    """What DDP wraps: images -> logits over the base classes (base mode)."""
+
+    def __init__(self, model: FSCILModel, num_base: int):
+        super().__init__()
+        self.model, self.num_base = model, num_base
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x, self.num_base, mode="base")
+
+
+def _generator(seed: int, stream: int, index: int, device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed((seed * 1_000_003 + stream * 7919 + index) % (2**62))
+
+
+def _optimizer(model: FSCILModel, cfg) -> torch.optim.SGD:
+    backbone = [p for p in model.backbone.parameters() if p.requires_grad]
+    rest = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("backbone.")]
+    groups = [{"params": rest, "initial_lr": cfg.base.lr}]
+    if backbone:
+        groups.append({"params": backbone, "initial_lr": cfg.base.lr * cfg.base.backbone_lr_scale})
+    return torch.optim.SGD(groups, lr=cfg.base.lr, momentum=cfg.base.momentum, weight_decay=cfg.base.weight_decay)
+
+
+def _optimizer_tensors(opt: torch.optim.SGD, model: FSCILModel) -> dict[str, torch.Tensor]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    out = {}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            buf = opt.state.get(p, {}).get("momentum_buffer")
+            if buf is not None:
+                out[f"optim.{names[id(p)]}"] = buf
+    return out
+
+
+def _load_optimizer(opt: torch.optim.SGD, model: FSCILModel, tensors: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    for key, value in tensors.items():
+        if key.startswith("optim."):
+            p = params[key[len("optim."):]]
+            opt.state[p]["momentum_buffer"] = value.to(p.device).clone()
+
+
+def load_base_train_images(pack: ImagePack, ids: np.ndarray, device: torch.device) -> torch.Tensor:
+    """All base training images as one uint8 tensor (N, H, W, 3) on `device` (a few hundred MB at most)."""
+    return torch.from_numpy(pack.read_images(ids)).to(device)
+
+
+@torch.no_grad()
+def evaluate_images(model: FSCILModel, pack: ImagePack, ids: np.ndarray, num_seen: int, preset, device: torch.device,
+                    batch_size: int, mode: str = "base") -> np.ndarray:
+    model.eval()
+    batches = (test_transform(torch.from_numpy(pack.read_images(ids[i:i + batch_size])).to(device), preset)
+               for i in range(0, len(ids), batch_size))
+    return predict(lambda x: model(x, num_seen, mode=mode), batches)
+
+
+def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path, *,
+               stop_after_epoch: int | None = None, show_progress: bool = True) -> dict:
+    """Train the base session; the main process writes `out_dir`/model.safetensors + metrics.json.
+
+    checkpoint_dir: where the periodic resumable checkpoint lives (outside the atomic output, so a killed run
+    resumes from it). stop_after_epoch: end early after that epoch (to test resumption); returns {} then.
+    """
+    device = resolve_device(cfg.device)
+    group = init_process_group(device)
+    started = time.time()
+    with ImagePack.open(pack_path) as pack:
+        protocol = pack.protocol
+        preset = get_preset(pack.preset)
+        base = protocol.sessions[0]
+        num_base = len(base.classes)
+        train_ids = np.asarray(base.train_ids)
+        labels_all = torch.from_numpy(pack.labels)
+        batch = cfg.base.batch_size
+        if batch > len(train_ids):
+            raise FSCILError(f"params: base.batch_size {batch} exceeds the {len(train_ids)} base training images")
+        local = group.local_slice(batch)
+        model = build_model(cfg.model, protocol.num_classes, preset.input_size, seed=cfg.seed).to(device)
+        model.backbone.freeze_for_base_training()
+        if model.projector.g_inc is not None:
+            model.projector.g_inc.requires_grad_(False)  # trained from session 1 on
+        net: nn.Module = _BaseNet(model, num_base)
+        if group.world_size > 1:
+            convert_global_batchnorm(model)
+            net = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
+        opt = _optimizer(model, cfg)
+        loss_fn = CLASSIFICATION_LOSSES[cfg.model.classifier]
+        steps_per_epoch = len(train_ids) // batch
+        total_steps = cfg.base.epochs * steps_per_epoch
+        meta = {"kind": "base-resume", "config": config_digest(cfg), "data": pack.content_hash,
+                "world_size_independent": True}
+        start_epoch, history = 0, []
+        ckpt = Path(checkpoint_dir) / RESUME_FILE
+        if ckpt.is_file():
+            stored = read_metadata(ckpt)
+            if stored.get("config") == meta["config"] and stored.get("data") == meta["data"]:
+                tensors, stored = load_checkpoint(ckpt)
+                model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+                _load_optimizer(opt, model, tensors)
+                start_epoch, history = int(stored["epoch"]), list(stored["history"])
+        images = load_base_train_images(pack, train_ids, device)
+        targets = labels_all[train_ids].to(device)
+        for epoch in range(start_epoch, cfg.base.epochs):
+            net.train()
+            order = torch.randperm(len(train_ids), generator=_generator(cfg.seed, 1, epoch, torch.device("cpu")))
+            order = order.to(device)
+            bar = tqdm(range(steps_per_epoch), desc=f"base epoch {epoch + 1}/{cfg.base.epochs}", leave=False,
+                       disable=not (show_progress and group.is_main))
+            running = 0.0
+            for i in bar:
+                step = epoch * steps_per_epoch + i
+                set_lr(opt, warmup_cosine(step, total_steps, cfg.base.warmup_steps, 0.0, cfg.base.min_lr_ratio))
+                idx = order[i * batch:(i + 1) * batch]
+                gen = _generator(cfg.seed, 2, step, device)
+                x = train_augment(images[idx], preset, gen)
+                y_a = y_b = targets[idx]
+                lam = torch.ones(batch, device=device)
+                if cfg.base.mixup_alpha > 0 or cfg.base.cutmix_alpha > 0:
+                    x, y_a, y_b, lam = mixup_cutmix(x, y_a, cfg.base.mixup_alpha, cfg.base.cutmix_alpha,
+                                                    cfg.base.mix_prob, gen)
+                logits = net(x[local])
+                loss = mixed_loss(loss_fn, logits, y_a[local], y_b[local], lam[local], scale=cfg.base.dr_scale)
+                if not torch.isfinite(loss):
+                    raise FSCILError(f"base training: non-finite loss at epoch {epoch + 1} step {i + 1}; nothing written")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                running += float(loss)
+                bar.set_postfix(loss=f"{running / (i + 1):.4f}")
+            history.append(round(running / max(steps_per_epoch, 1), 6))
+            done = epoch + 1
+            if group.is_main and (done % cfg.base.checkpoint_every == 0 or done == cfg.base.epochs):
+                tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+                tensors.update(_optimizer_tensors(opt, model))
+                save_checkpoint(ckpt, tensors, {**meta, "epoch": done, "history": history})
+            barrier(group)
+            if stop_after_epoch is not None and done >= stop_after_epoch:
+                return {}
+        result: dict = {}
+        if group.is_main:
+            test_ids = protocol.test_ids_seen(0, pack.labels)
+            pred = evaluate_images(model, pack, test_ids, num_base, preset, device, cfg.base.eval_batch_size)
+            metrics = session_metrics(pred, pack.labels[test_ids], num_base, num_base)
+            out_dir = Path(out_dir)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            save_checkpoint(out_dir / MODEL_FILE, model.state_dict(), {
+                "kind": "base-model", "config": config_digest(cfg), "data": pack.content_hash,
+                "model": cfg.to_dict()["model"], "input_size": preset.input_size, "preset": pack.preset,
+                "num_classes": protocol.num_classes, "seed": cfg.seed,
+            })
+            result = {"session": 0, **metrics, "train_loss": history, "epochs": cfg.base.epochs,
+                      "steps": total_steps, "world_size": group.world_size,
+                      "num_sessions": len(protocol.sessions),
+                      "seconds": round(time.time() - started, 2)}
+            (out_dir / "metrics.json").write_text(json.dumps(result, indent=2))
+        barrier(group)
+    return result

@@ -1,0 +1,81 @@
+"""Safe checkpoints: tensors in safetensors, metadata (config, data hash, step) as JSON in its header.
+
+Loading never unpickles anything. `load_checkpoint` refuses a file whose metadata does not match what the caller
+expects (another config, another data pack), naming the mismatching key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from pipeline.atomic import atomic_output
+from pipeline.errors import FSCILError
+
+_META_KEY = "fscil"
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
+    """Write `tensors` (contiguous CPU copies) and JSON `metadata` atomically."""
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    with atomic_output(path) as tmp:
+        save_file(tensors, str(tmp), metadata={_META_KEY: json.dumps(metadata, sort_keys=True)})
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FSCILError(f"{path}: checkpoint not found")
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            raw = (fh.metadata() or {}).get(_META_KEY)
+    except (SafetensorError, OSError, ValueError) as err:
+        raise FSCILError(f"{path}: not a readable safetensors checkpoint ({err})") from None
+    if raw is None:
+        raise FSCILError(f"{path}: checkpoint has no fscil metadata")
+    return json.loads(raw)
+
+
+def load_checkpoint(path: str | Path, expect: dict[str, Any] | None = None
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Read tensors and metadata; every key of `expect` must equal the stored metadata value."""
+    metadata = read_metadata(path)
+    for key, value in (expect or {}).items():
+        if metadata.get(key) != value:
+            raise FSCILError(f"{path}: checkpoint {key} does not match (stored {_short(metadata.get(key))}, "
+                             f"expected {_short(value)}); rerun the stage that writes it")
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise FSCILError(f"{path}: corrupt checkpoint ({err})") from None
+    return tensors, metadata
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def prefixed(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    return {f"{prefix}.{k}": v for k, v in state.items()}
+
+
+def unprefixed(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    head = prefix + "."
+    return {k[len(head):]: v for k, v in tensors.items() if k.startswith(head)}

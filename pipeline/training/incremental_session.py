@@ -1,0 +1,186 @@
+"""Incremental session s >= 1 (paper eq. optim_inc) on cached backbone maps only: never images, never the backbone.
+
+The training set is the session's shots (+ stored augmented views), each earlier novel class's memory prototype
+repeated `copy` times and each base-class prototype repeated `base_copy` times (eq. batch_split: the base group
+is the base prototypes, the novel group everything else). A fresh SGD per session with linear warm-up and cosine
+decay; batches are shuffled by a seeded permutation, drop_last, cycled for the session's step count. After
+training: evaluation on every test map of the classes seen so far, and the new classes' means join the memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from pipeline.errors import FSCILError
+from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
+from pipeline.losses.classification import CLASSIFICATION_LOSSES, mixed_loss
+from pipeline.losses.feature_mixup import feature_mixup
+from pipeline.models.fscil import build_head
+from pipeline.store.feature_store import FeatureStore
+from pipeline.store.memory import ClassMeanMemory
+from pipeline.training.base_session import MODEL_FILE, config_digest
+from pipeline.training.checkpoint import (
+    file_sha256,
+    load_checkpoint,
+    prefixed,
+    read_metadata,
+    save_checkpoint,
+    unprefixed,
+)
+from pipeline.training.distributed import resolve_device
+from pipeline.training.evaluate import session_metrics
+from pipeline.training.schedule import set_lr, warmup_cosine
+
+STATE_FILE = "state.safetensors"
+METRICS_FILE = "metrics.json"
+SECTIONS = ("data", "model", "base", "incremental")
+
+
+def frozen_digest(projector) -> str:
+    """sha256 over the frozen projector parts (p_iden, g_base for dual kinds), to prove they never change."""
+    digest = hashlib.sha256()
+    for module in projector.frozen_after_base():
+        for name, tensor in sorted(module.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _check_session(session: int, num_sessions: int, prev_dir: Path | None) -> None:
+    if not 1 <= session < num_sessions:
+        raise FSCILError(f"session {session} is out of range: the protocol has sessions 1..{num_sessions - 1}")
+    if session > 1 and (prev_dir is None or not (Path(prev_dir) / STATE_FILE).is_file()):
+        raise FSCILError(f"session {session - 1} is not done ({prev_dir} has no {STATE_FILE}); "
+                         f"run `fscil stage incremental --session {session - 1}` first")
+
+
+def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir: Path | None, out_dir: Path,
+                  show_progress: bool = True) -> dict:
+    """Train g_inc for one session and write out_dir/{state.safetensors, metrics.json}; returns the metrics."""
+    started = time.time()
+    device = resolve_device(cfg.device)
+    base_ckpt = Path(base_dir) / MODEL_FILE
+    base_meta = read_metadata(base_ckpt)
+    store = FeatureStore.open(store_path, checkpoint_sha256=file_sha256(base_ckpt))
+    _check_session(session, int(store.attrs["num_sessions"]), prev_dir)
+    digest = config_digest(cfg, SECTIONS)
+    tensors, _ = load_checkpoint(base_ckpt, {"kind": "base-model", "config": config_digest(cfg),
+                                             "data": store.attrs["pack_hash"]})
+    c, h, w = store.map_shape
+    num_classes = int(base_meta["num_classes"])
+    projector, classifier = build_head(cfg.model, c, (h, w), num_classes)
+    projector.load_state_dict(unprefixed(tensors, "projector"))
+    classifier.load_state_dict(unprefixed(tensors, "classifier"))
+    base_maps, base_classes = store.base_memory()
+    num_base = len(base_classes)
+    memory = ClassMeanMemory.empty(store.map_shape)
+    prev_meta = {"frozen_sha256": None}
+    if session > 1:
+        state, prev_meta = load_checkpoint(Path(prev_dir) / STATE_FILE, {"kind": "session", "session": session - 1,
+                                                                        "config": digest, "store": store.attrs[
+                                                                            "checkpoint_sha256"]})
+        projector.adapting_branch.load_state_dict(unprefixed(state, "adapting"))
+        classifier.load_state_dict(unprefixed(state, "classifier"))
+        memory = ClassMeanMemory.from_tensors(state)
+    projector.freeze_base()
+    frozen_before = frozen_digest(projector)
+    projector.to(device)
+    classifier.to(device)
+
+    # the session's training set (eq. batch_split)
+    inc = cfg.incremental
+    shots, shot_labels, views = store.fewshot(session)
+    parts = [(shots, shot_labels, False)]
+    if views is not None:
+        parts += [(v, shot_labels, False) for v in views]
+    if inc.copy and len(memory.classes):
+        parts.append((np.repeat(memory.maps, inc.copy, axis=0), np.repeat(memory.classes, inc.copy), False))
+    base_copy = inc.session_value("base_copy", session)
+    if base_copy:
+        parts.append((np.repeat(base_maps, base_copy, axis=0), np.repeat(base_classes, base_copy), True))
+    x_all = torch.from_numpy(np.concatenate([p[0] for p in parts])).to(device)
+    y_all = torch.from_numpy(np.concatenate([p[1] for p in parts]).astype(np.int64)).to(device)
+    base_all = torch.from_numpy(np.concatenate([np.full(len(p[1]), p[2]) for p in parts])).to(device)
+    num_seen = int(shot_labels.max()) + 1
+
+    trainable = [p for p in projector.parameters() if p.requires_grad] + list(classifier.parameters())
+    opt = torch.optim.SGD([{"params": trainable, "initial_lr": inc.lr}], lr=inc.lr, momentum=inc.momentum,
+                          weight_decay=inc.weight_decay)
+    loss_fn = CLASSIFICATION_LOSSES[cfg.model.classifier]
+    suppress_target = SUPPRESSION_TARGETS[inc.suppression]
+    steps = inc.session_value("steps", session)
+    batch = min(inc.batch_size, len(y_all))
+    per_epoch = len(y_all) // batch
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 15_485_863 * session)
+    projector.train()
+    classifier.train()
+    history = {"loss": [], "cls": [], "supp": [], "sep": []}
+    order = torch.zeros(0, dtype=torch.long)
+    bar = tqdm(range(steps), desc=f"session {session}", leave=False, disable=not show_progress)
+    for step in bar:
+        if step % per_epoch == 0:
+            order = torch.randperm(len(y_all), generator=gen)
+        idx = order[(step % per_epoch) * batch:(step % per_epoch + 1) * batch].to(device)
+        set_lr(opt, warmup_cosine(step, steps, inc.warmup_steps, inc.warmup_ratio, inc.min_lr_ratio))
+        out = projector(x_all[idx], mode="incremental", return_aux=True)
+        y, is_base = y_all[idx], base_all[idx]
+        mu, y_a, y_b, lam = feature_mixup(out.mu, y, inc.mixup_ratio, inc.mixup_prob, gen)
+        cls = mixed_loss(loss_fn, classifier(mu, num_seen), y_a, y_b, lam, scale=inc.dr_scale)
+        supp = sep = torch.zeros((), device=device)
+        if inc.lambda1 or inc.lambda2:
+            target = suppress_target(out.aux, out.mu_inc)
+            if target is None:
+                raise FSCILError(f"params: incremental.suppression={inc.suppression} needs a projector with g_inc")
+            supp = suppression_loss(target, is_base, inc.lambda1, inc.lambda2)  # eq. loss_supp
+        if inc.lambda3:
+            sep = inc.lambda3 * separation_loss(out.aux, is_base)  # eq. loss_sep
+        loss = cls + supp + sep  # eq. optim_inc
+        if not torch.isfinite(loss):
+            raise FSCILError(f"session {session}: non-finite loss at step {step + 1}; nothing written")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        for key, value in (("loss", loss), ("cls", cls), ("supp", supp), ("sep", sep)):
+            history[key].append(round(float(value), 6))
+        bar.set_postfix(loss=f"{float(loss):.4f}")
+    if frozen_digest(projector) != frozen_before:
+        raise RuntimeError("frozen projector parts changed during an incremental session")
+
+    metrics = evaluate_session(projector, classifier, store, num_seen, num_base, device, inc.eval_batch_size)
+    memory = memory.added(shots, shot_labels)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = prefixed(projector.adapting_branch.state_dict(), "adapting")
+    state.update(prefixed(classifier.state_dict(), "classifier"))
+    state.update(memory.to_tensors())
+    save_checkpoint(out_dir / STATE_FILE, state, {
+        "kind": "session", "session": session, "config": digest, "store": store.attrs["checkpoint_sha256"],
+        "frozen_sha256": frozen_before, "num_seen": num_seen,
+    })
+    result = {"session": session, **metrics, "steps": steps, "train_samples": int(len(y_all)),
+              "final_loss": history["loss"][-1] if steps else None, "history": history,
+              "frozen_sha256": frozen_before, "seconds": round(time.time() - started, 2)}
+    (out_dir / METRICS_FILE).write_text(json.dumps(result, indent=2))
+    return result
+
+
+@torch.no_grad()
+def evaluate_session(projector, classifier, store: FeatureStore, num_seen: int, num_base: int, device,
+                     batch_size: int) -> dict:
+    """Accuracy on every stored test map of the classes seen so far (logits masked to them)."""
+    projector.eval()
+    classifier.eval()
+    maps, labels = store.test_set(max_label=num_seen)
+    preds = []
+    for start in range(0, len(labels), batch_size):
+        f = torch.from_numpy(maps[start:start + batch_size]).to(device)
+        preds.append(classifier(projector(f, mode="incremental").mu, num_seen).argmax(1).cpu())
+    pred = torch.cat(preds).numpy() if preds else np.zeros(0, dtype=np.int64)
+    return session_metrics(pred, labels, num_base, num_seen)

@@ -1,0 +1,172 @@
+"""The `fscil` command line: `fscil stage <name>` runs one pipeline stage; `fscil model summary`, `fscil config show`.
+
+Every command exits 0 on success, 2 on bad input (a one-line message on stderr) and 1 on an unexpected error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pipeline.errors import FSCILError
+
+app = typer.Typer(help="Mamba-FSCIL: few-shot class-incremental learning with a dual selective SSM projector.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+stage_app = typer.Typer(help="Run one pipeline stage (what `dvc repro` runs).", no_args_is_help=True)
+model_app = typer.Typer(help="Inspect the model.", no_args_is_help=True)
+config_app = typer.Typer(help="Inspect the resolved configuration.", no_args_is_help=True)
+app.add_typer(stage_app, name="stage")
+app.add_typer(model_app, name="model")
+app.add_typer(config_app, name="config")
+
+ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read.")]
+DataDirOpt = Annotated[Path, typer.Option("--data-dir", help="Directory of the pipeline's artifacts.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _run(name: str, fn, *args, **kwargs):
+    """Run a stage function with one-line errors and a timing summary."""
+    started = time.time()
+    try:
+        result = fn(*args, **kwargs)
+    except FSCILError as err:
+        _fail(str(err).splitlines()[0] if str(err) else type(err).__name__, FSCILError.exit_code)
+    except KeyboardInterrupt:
+        _fail(f"{name} interrupted; nothing was written", 130)
+    typer.echo(f"{name}: done in {time.time() - started:.1f} s", err=True)
+    return result
+
+
+def _config(params: Path):
+    from pipeline.config import load_config
+
+    return _run("config", load_config, params)
+
+
+def _paths(data_dir: Path):
+    from stages.paths import StagePaths
+
+    return StagePaths(data_dir)
+
+
+def _show(summary: dict, keys: tuple[str, ...]) -> None:
+    typer.echo(json.dumps({k: summary[k] for k in keys if k in summary}))
+
+
+@stage_app.command("prepare")
+def prepare(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data")) -> None:
+    """Convert the configured dataset (or the synthetic default) into the HDF5 image pack data/pack.h5."""
+    from stages import prepare as stage
+
+    cfg = _config(params)
+    summary = _run("prepare", stage.run_config, cfg, _paths(data_dir).pack)
+    _show(summary, ("dataset", "num_images", "num_classes", "num_sessions", "content_hash", "seconds"))
+
+
+@stage_app.command("base")
+def base(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"), quiet: QuietOpt = False
+         ) -> None:
+    """Train backbone, p_iden and g_base on the base session; resumes from data/base.resume when interrupted."""
+    from stages import base as stage
+
+    cfg = _config(params)
+    summary = _run("base", stage.run, cfg, _paths(data_dir), show_progress=not quiet)
+    if summary:
+        _show(summary, ("acc", "epochs", "steps", "world_size", "seconds"))
+
+
+@stage_app.command("extract")
+def extract(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"), quiet: QuietOpt = False
+            ) -> None:
+    """Cache the frozen backbone's maps (test set, few-shot images, base class means) in data/features.zarr."""
+    from stages import extract as stage
+
+    cfg = _config(params)
+    _show(_run("extract", stage.run, cfg, _paths(data_dir), show_progress=not quiet),
+          ("test", "fewshot", "base_classes", "map_shape", "seconds"))
+
+
+@stage_app.command("incremental")
+def incremental(session: Annotated[int, typer.Option("--session", "-s", help="Incremental session (1..S).")],
+                params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"),
+                quiet: QuietOpt = False) -> None:
+    """Train g_inc for one session on cached features; session N needs session N-1 done."""
+    from stages import incremental as stage
+
+    cfg = _config(params)
+    _show(_run(f"incremental session {session}", stage.run, cfg, _paths(data_dir), session,
+               show_progress=not quiet), ("session", "acc", "base_acc", "novel_acc", "seconds"))
+
+
+@stage_app.command("report")
+def report(data_dir: DataDirOpt = Path("data"),
+           metrics: Annotated[Path, typer.Option(help="Where to write the DVC metrics file.")] = Path("metrics.json"),
+           ) -> None:
+    """Per-session table (data/report/sessions.csv), accuracy plot and metrics.json (AVG, PD, final)."""
+    from stages import report as stage
+
+    summary = _run("report", stage.run, _paths(data_dir), metrics)
+    typer.echo(" ".join(f"{k}={v:.2f}" for k, v in summary["sessions"].items()))
+    typer.echo(f"AVG {summary['avg']:.2f}  PD {summary['pd']:.2f}  final {summary['final']:.2f}")
+
+
+@config_app.command("show")
+def config_show(params: ParamsOpt = Path("params.yaml")) -> None:
+    """Print the configuration after merging params.yaml over its preset."""
+    import yaml
+
+    typer.echo(yaml.safe_dump(_config(params).to_dict(), sort_keys=False))
+
+
+@model_app.command("summary")
+def model_summary(
+    preset: Annotated[str, typer.Option(help="Preset whose model section gives the defaults.")] = "cifar100",
+    backbone: Annotated[str | None, typer.Option(help="resnet12, resnet18, vit_b16, swin_t.")] = None,
+    widths: Annotated[str | None, typer.Option(help="ResNet-12 widths, comma separated.")] = None,
+    projector: Annotated[str | None, typer.Option(help="dual_ssm, single_ssm or mlp.")] = None,
+    dim: Annotated[int | None, typer.Option(help="Projector width D'.")] = None,
+    d_state: Annotated[int | None, typer.Option(help="SSM state size.")] = None,
+    dt_rank: Annotated[int | None, typer.Option(help="Low-rank width of f_Delta.")] = None,
+    k_paths: Annotated[int | None, typer.Option(help="Scan paths K.")] = None,
+    classifier: Annotated[str | None, typer.Option(help="etf or linear.")] = None,
+    num_classes: Annotated[int | None, typer.Option(help="Total classes (default: the preset dataset's).")] = None,
+    input_size: Annotated[int | None, typer.Option(help="Input image size (default: the preset's).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Parameter count of each component (backbone, p_iden, g_base, g_inc, classifier) for the given dims."""
+    from stages.model_summary import summarise_model
+
+    overrides = {"backbone": backbone, "projector": projector, "dim": dim, "d_state": d_state, "dt_rank": dt_rank,
+                 "k_paths": k_paths, "classifier": classifier,
+                 "backbone_widths": [int(w) for w in widths.split(",")] if widths else None}
+    summary = _run("model summary", summarise_model, preset, overrides, num_classes, input_size)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    typer.echo(f"feature map {summary['feature_map']}  input {summary['input_size']}  classes {summary['num_classes']}")
+    typer.echo(f"{'component':<12}{'parameters':>14}{'trainable in':>26}")
+    for name, row in summary["components"].items():
+        typer.echo(f"{name:<12}{row['parameters']:>14,}{row['trains_in']:>26}")
+    typer.echo(f"{'total':<12}{summary['total_parameters']:>14,}")
+
+
+def main() -> None:  # pragma: no cover - console entry
+    try:
+        app()
+    except FSCILError as err:
+        typer.echo(f"error: {err}", err=True)
+        sys.exit(FSCILError.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,14 @@
+"""`fscil stage incremental --session N`: train g_inc for session N on cached features (needs session N-1)."""
+
+from __future__ import annotations
+
+from pipeline.atomic import atomic_output
+from pipeline.config import Config
+from pipeline.training.incremental_session import train_session
+from stages.paths import StagePaths
+
+
+def run(cfg: Config, paths: StagePaths, session: int, show_progress: bool = True) -> dict:
+    prev = paths.session(session - 1) if session > 1 else None
+    with atomic_output(paths.session(session), directory=True) as tmp:
+        return train_session(cfg, session, paths.features, paths.base, prev, tmp, show_progress=show_progress)

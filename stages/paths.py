@@ -1,0 +1,35 @@
+"""Where each stage reads and writes, relative to one data directory (dvc.yaml uses the defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class StagePaths:
+    data_dir: Path = Path("data")
+
+    @property
+    def pack(self) -> Path:
+        return self.data_dir / "pack.h5"
+
+    @property
+    def base(self) -> Path:
+        return self.data_dir / "base"
+
+    @property
+    def base_checkpoints(self) -> Path:
+        """Periodic resumable checkpoints of base training (not a DVC output)."""
+        return self.data_dir / "base.resume"
+
+    @property
+    def features(self) -> Path:
+        return self.data_dir / "features.zarr"
+
+    def session(self, session: int) -> Path:
+        return self.data_dir / "sessions" / f"session_{session}"
+
+    @property
+    def report(self) -> Path:
+        return self.data_dir / "report"

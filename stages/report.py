@@ -1,0 +1,26 @@
+"""`fscil stage report`: per-session table, metrics.json (DVC metrics) and the accuracy plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.errors import FSCILError
+from pipeline.report import write_report
+from stages.paths import StagePaths
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FSCILError(f"{path}: not found; run the stage that writes it first") from None
+    except json.JSONDecodeError:
+        raise FSCILError(f"{path}: not valid JSON") from None
+
+
+def run(paths: StagePaths, metrics_path: Path) -> dict:
+    """Collect session 0 (the base stage) and every incremental session of the protocol; all must be done."""
+    base = _read(paths.base / "metrics.json")
+    results = [base] + [_read(paths.session(s) / "metrics.json") for s in range(1, int(base["num_sessions"]))]
+    return write_report(results, metrics_path, paths.report)
