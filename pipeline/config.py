@@ -43,7 +43,8 @@ def _coerce(section: str, key: str, value: Any, hint: Any) -> Any:
     if hint is bool:
         _check(isinstance(value, bool), section, key, f"must be true or false, got {value!r}")
     elif hint is int:
-        _check(isinstance(value, int) and not isinstance(value, bool), section, key, f"must be an integer, got {value!r}")
+        _check(isinstance(value, int) and not isinstance(value, bool), section, key,
+               f"must be an integer, got {value!r}")
     elif hint is float:
         _check(isinstance(value, (int, float)) and not isinstance(value, bool), section, key,
                f"must be a number, got {value!r}")

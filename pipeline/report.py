@@ -31,7 +31,7 @@ def summarise(table: pd.DataFrame) -> dict:
         "base": round(acc[0], 4),
         "final_base_acc": table["base_acc"].iloc[-1],
         "final_novel_acc": table["novel_acc"].iloc[-1],
-        "sessions": {f"s{int(s)}": round(float(a), 4) for s, a in zip(table["session"], acc)},
+        "sessions": {f"s{int(s)}": round(float(a), 4) for s, a in zip(table["session"], acc, strict=True)},
     }
 
 

@@ -5,6 +5,7 @@ Every command exits 0 on success, 2 on bad input (a one-line message on stderr) 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -50,7 +51,10 @@ def _run(name: str, fn, *args, **kwargs):
 def _config(params: Path):
     from pipeline.config import load_config
 
-    return _run("config", load_config, params)
+    try:
+        return load_config(params)
+    except FSCILError as err:
+        _fail(str(err), FSCILError.exit_code)
 
 
 def _paths(data_dir: Path):
@@ -69,7 +73,7 @@ def prepare(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path
     from stages import prepare as stage
 
     cfg = _config(params)
-    summary = _run("prepare", stage.run_config, cfg, _paths(data_dir).pack)
+    summary = _run("prepare", stage.run, dataclasses.asdict(cfg.data), _paths(data_dir).pack)
     _show(summary, ("dataset", "num_images", "num_classes", "num_sessions", "content_hash", "seconds"))
 
 

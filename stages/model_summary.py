@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pipeline.config import build_config
+import dataclasses
+
+from pipeline.config import ModelConfig, resolve_params
 from pipeline.errors import FSCILError
 
 # total classes of each benchmark (the synthetic default's comes from its data section)
@@ -18,14 +20,16 @@ def summarise_model(preset: str, overrides: dict, num_classes: int | None = None
     from pipeline.data.presets import get_preset
     from pipeline.models.fscil import build_model
 
-    cfg = build_config({"preset": preset, "model": {k: v for k, v in overrides.items() if v is not None}})
-    data = cfg.data
+    # only the model section is validated: the preset's data paths are not needed to count parameters
+    merged = resolve_params({"preset": preset, "model": {k: v for k, v in overrides.items() if v is not None}})
+    model_cfg = ModelConfig.from_dict(merged["model"])
+    dataset = merged["data"].get("dataset", "synthetic")
     if num_classes is None:
-        num_classes = DATASET_CLASSES.get(data.dataset) or data.base_classes + data.ways * data.sessions
-    input_size = input_size or get_preset(data.dataset).input_size
+        num_classes = DATASET_CLASSES.get(dataset, 100)
+    input_size = input_size or get_preset(dataset, merged["data"].get("image_size")).input_size
     if num_classes < 2:
         raise FSCILError(f"--num-classes must be >= 2, got {num_classes}")
-    model = build_model(cfg.model, num_classes, input_size)
+    model = build_model(model_cfg, num_classes, input_size)
     p = model.projector
     dual = p.g_inc is not None
     components = {
@@ -34,10 +38,10 @@ def summarise_model(preset: str, overrides: dict, num_classes: int | None = None
         "g_base": {"parameters": _count(p.g_base), "trains_in": "base" if dual else "base + incremental"},
         "g_inc": {"parameters": _count(p.g_inc), "trains_in": "incremental" if dual else "-"},
         "classifier": {"parameters": _count(model.classifier),
-                       "trains_in": "fixed (ETF buffer)" if cfg.model.classifier == "etf" else "all sessions"},
+                       "trains_in": "fixed (ETF buffer)" if model_cfg.classifier == "etf" else "all sessions"},
     }
     c = model.backbone.out_channels
     h, w = model.backbone.feature_hw(input_size)
-    return {"preset": preset, "model": cfg.to_dict()["model"], "num_classes": num_classes, "input_size": input_size,
-            "feature_map": f"{c}x{h}x{w}", "components": components,
+    return {"preset": preset, "model": dataclasses.asdict(model_cfg), "num_classes": num_classes,
+            "input_size": input_size, "feature_map": f"{c}x{h}x{w}", "components": components,
             "total_parameters": sum(r["parameters"] for r in components.values())}

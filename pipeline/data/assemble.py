@@ -9,7 +9,9 @@ lazily, `CHUNK` at a time, so a pack never needs the whole dataset in memory.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -23,8 +25,12 @@ CHUNK = 512  # images decoded and resized per write
 
 
 def _stream(source: SourceDataset, order: np.ndarray, size: int) -> Iterator[np.ndarray]:
-    for start in range(0, len(order), CHUNK):
-        yield np.stack([source.load(int(i), size) for i in order[start : start + CHUNK]])
+    # PIL releases the GIL while decoding and resizing, so threads help; map keeps the order deterministic
+    workers = 1 if source.arrays is not None else min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for start in range(0, len(order), CHUNK):
+            ids = order[start : start + CHUNK].tolist()
+            yield np.stack(list(pool.map(source.load, ids, [size] * len(ids))))
 
 
 def assemble(source: SourceDataset, train_sessions: list[np.ndarray], image_size: int, preset: str,

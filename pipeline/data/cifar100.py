@@ -92,7 +92,8 @@ def read_cifar100(root: Path, verify_checksums: bool = True,
         provenance_sums[rel] = f"{algo}:{got}"
 
     meta = _load_pickle(files["meta"])
-    names = [n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in _field(meta, "fine_label_names", files["meta"])]
+    raw_names = _field(meta, "fine_label_names", files["meta"])
+    names = [n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in raw_names]
     if not names:
         raise FSCILError(f"corrupt CIFAR-100 file {files['meta']}: no fine label names")
     train_x, train_y = _split(files["train"], len(names))

@@ -17,9 +17,7 @@ from pipeline.errors import FSCILError
 
 
 def _int64(values) -> np.ndarray:
-    arr = np.asarray(values, dtype=np.int64).reshape(-1)
-    arr.setflags(write=False)
-    return arr
+    return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -185,7 +183,8 @@ class FSCILProtocol:
                 raise FSCILError(f"{where}: sample {i} has class {labels[i]}, not one of the session's classes")
             counts = np.bincount(labels[ids] - s.classes.min(), minlength=len(s.classes))
             if (counts == 0).any():
-                raise FSCILError(f"{where}: class {name(s.classes.min() + int(np.argmin(counts)))} has no training sample")
+                empty = int(s.classes.min() + np.argmin(counts))
+                raise FSCILError(f"{where}: class {name(empty)} has no training sample")
             if s.index > 0:
                 if ways is not None and len(s.classes) != ways:
                     raise FSCILError(f"{where} has {len(s.classes)} classes, expected {ways}")

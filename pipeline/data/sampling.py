@@ -13,7 +13,7 @@ from pipeline.errors import FSCILError
 
 def split_test(labels: np.ndarray, test_fraction: float, rng: np.random.Generator,
                class_names: list[str] | None = None) -> np.ndarray:
-    """(N,) bool test mask: round(test_fraction * n_c) random samples of each class, at least 1, leaving >= 1 to train."""
+    """(N,) bool test mask: round(test_fraction * n_c) random samples per class, >= 1, leaving >= 1 to train."""
     labels = np.asarray(labels)
     is_test = np.zeros(len(labels), dtype=bool)
     for c in np.unique(labels):

@@ -34,7 +34,7 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
     with ImagePack.open(pack_path) as pack:
         model, meta, ckpt_sha = load_base_model(cfg, base_dir, pack.content_hash)
         backbone = model.backbone.to(device).eval()
-        preset = get_preset(pack.preset)
+        preset = get_preset(pack.preset, pack.image_size)
         protocol = pack.protocol
         num_base = len(protocol.sessions[0].classes)
         test_ids = np.asarray(protocol.test_ids)

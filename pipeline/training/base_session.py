@@ -18,7 +18,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from pipeline.data.augment import mixup_cutmix, test_transform, train_augment
+from pipeline.data.augment import test_transform, train_augment
+from pipeline.data.mixing import mixup_cutmix
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.errors import FSCILError
@@ -26,7 +27,6 @@ from pipeline.losses.classification import CLASSIFICATION_LOSSES, mixed_loss
 from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.training.checkpoint import file_sha256, load_checkpoint, read_metadata, save_checkpoint
 from pipeline.training.distributed import (
-    ProcessGroup,
     barrier,
     convert_global_batchnorm,
     init_process_group,
@@ -130,7 +130,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
     started = time.time()
     with ImagePack.open(pack_path) as pack:
         protocol = pack.protocol
-        preset = get_preset(pack.preset)
+        preset = get_preset(pack.preset, pack.image_size)
         base = protocol.sessions[0]
         num_base = len(base.classes)
         train_ids = np.asarray(base.train_ids)
@@ -180,16 +180,18 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
                 y_a = y_b = targets[idx]
                 lam = torch.ones(batch, device=device)
                 if cfg.base.mixup_alpha > 0 or cfg.base.cutmix_alpha > 0:
-                    x, y_a, y_b, lam = mixup_cutmix(x, y_a, cfg.base.mixup_alpha, cfg.base.cutmix_alpha,
-                                                    cfg.base.mix_prob, gen)
+                    mixed = mixup_cutmix(x, y_a, num_base, cfg.base.mixup_alpha, cfg.base.cutmix_alpha,
+                                         cfg.base.mix_prob, 0.5, gen)
+                    x, y_a, y_b, lam = mixed.images, mixed.target_a, mixed.target_b, mixed.lam
                 logits = net(x[local])
                 loss = mixed_loss(loss_fn, logits, y_a[local], y_b[local], lam[local], scale=cfg.base.dr_scale)
                 if not torch.isfinite(loss):
-                    raise FSCILError(f"base training: non-finite loss at epoch {epoch + 1} step {i + 1}; nothing written")
+                    raise FSCILError(f"base training: non-finite loss at epoch {epoch + 1} step {i + 1}; "
+                                     "nothing written")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                running += float(loss)
+                running += loss.item()
                 bar.set_postfix(loss=f"{running / (i + 1):.4f}")
             history.append(round(running / max(steps_per_epoch, 1), 6))
             done = epoch + 1

@@ -81,9 +81,8 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     base_maps, base_classes = store.base_memory()
     num_base = len(base_classes)
     memory = ClassMeanMemory.empty(store.map_shape)
-    prev_meta = {"frozen_sha256": None}
     if session > 1:
-        state, prev_meta = load_checkpoint(Path(prev_dir) / STATE_FILE, {"kind": "session", "session": session - 1,
+        state, _ = load_checkpoint(Path(prev_dir) / STATE_FILE, {"kind": "session", "session": session - 1,
                                                                         "config": digest, "store": store.attrs[
                                                                             "checkpoint_sha256"]})
         projector.adapting_branch.load_state_dict(unprefixed(state, "adapting"))
@@ -148,7 +147,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         loss.backward()
         opt.step()
         for key, value in (("loss", loss), ("cls", cls), ("supp", supp), ("sep", sep)):
-            history[key].append(round(float(value), 6))
+            history[key].append(round(value.item(), 6))
         bar.set_postfix(loss=f"{float(loss):.4f}")
     if frozen_digest(projector) != frozen_before:
         raise RuntimeError("frozen projector parts changed during an incremental session")

@@ -7,7 +7,8 @@ import math
 
 def warmup_cosine(step: int, total_steps: int, warmup_steps: int, warmup_ratio: float = 0.0,
                   min_ratio: float = 0.0) -> float:
-    """Multiplier of the peak lr at `step` (0-based): linear warm-up from warmup_ratio to 1, then cosine to min_ratio."""
+    """Multiplier of the peak lr at `step` (0-based): linear warm-up from warmup_ratio to 1, then cosine down to
+    min_ratio at total_steps."""
     if warmup_steps > 0 and step < warmup_steps:
         return warmup_ratio + (1.0 - warmup_ratio) * step / warmup_steps
     span = max(total_steps - warmup_steps, 1)

@@ -1,0 +1,156 @@
+"""`DataConfig`: the `data:` section of params.yaml, read by the prepare stage.
+
+`DataConfig.from_dict` rejects unknown keys and mistyped values with an FSCILError naming the key; a
+null value means "use the default". Protocol sizes left null take the benchmark's standard values
+(`protocol_shape`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.data.cec_splits import BENCHMARKS
+from pipeline.data.checksums import digest_algorithm
+from pipeline.data.presets import PRESETS
+from pipeline.data.synthetic import COLOURS, SHAPES, TEXTURES
+from pipeline.errors import FSCILError
+
+DATASETS = ("synthetic", "cifar100", "mini_imagenet", "cub200", "class_folder")
+CEC_DATASETS = tuple(BENCHMARKS)
+# (base_classes, ways, shots, sessions) when left null; class_folder's base None = all remaining classes
+_DEFAULT_SHAPE = {
+    "synthetic": (60, 5, 5, 8),
+    "class_folder": (None, 5, 5, 8),
+    **{name: (b.base_classes, b.ways, b.shots, b.sessions) for name, b in BENCHMARKS.items()},
+}
+MAX_SYNTHETIC_CLASSES = len(SHAPES) * len(COLOURS) * len(TEXTURES)
+
+
+def _fail(key: str, why: str) -> typing.NoReturn:
+    raise FSCILError(f"params: data.{key} {why}")
+
+
+@dataclass
+class DataConfig:
+    """Which dataset to pack, from where, at which resolution, and (for generated protocols) how."""
+
+    dataset: str = "synthetic"
+    """synthetic | cifar100 | mini_imagenet | cub200 | class_folder."""
+    root: str | None = None
+    """Raw data folder (cifar100: holds cifar-100-python/; mini_imagenet: images/ + split/; cub200: CUB_200_2011;
+    class_folder: root/<class>/<image>). Unused for synthetic."""
+    split_dir: str | None = None
+    """CEC index-list folder of this dataset (session_1.txt ...); required for cifar100, mini_imagenet, cub200."""
+    image_size: int | None = None
+    """Stored image side in pixels (null: the preset's, 32 / 84 / 224 / 84 for class_folder)."""
+    verify_checksums: bool = True
+    """Check source files: CIFAR-100's official md5 sums, plus every entry of `checksums`."""
+    checksums: dict[str, str] | None = None
+    """Extra expected digests {path relative to root: hex md5 or sha256}."""
+    base_classes: int | None = None
+    """Number of base classes (null: the benchmark's; class_folder: every class not used by the sessions)."""
+    ways: int | None = None
+    """Classes per incremental session (null: the benchmark's)."""
+    shots: int | None = None
+    """Training images per class in incremental sessions (null: the benchmark's)."""
+    sessions: int | None = None
+    """Number of incremental sessions (null: the benchmark's)."""
+    test_fraction: float = 0.2
+    """class_folder: fraction of each class's images held out for testing (at least one)."""
+    shuffle_classes: bool = True
+    """class_folder: seeded class order (else sorted by name) decides which classes are base."""
+    train_per_class: int = 100
+    """synthetic: training images per base class."""
+    novel_pool_per_class: int = 20
+    """synthetic: images generated per incremental class, from which `shots` are drawn."""
+    test_per_class: int = 40
+    """synthetic: test images per class."""
+    seed: int = 0
+    """Seed of the synthetic images and of generated protocols."""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                setattr(self, f.name, _check_type(f.name, value, hints[f.name]))
+        if self.dataset not in DATASETS:
+            _fail("dataset", f"must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
+        if self.dataset != "synthetic" and not self.root:
+            _fail("root", f"is required for dataset {self.dataset!r}")
+        if self.dataset in CEC_DATASETS and not self.split_dir:
+            _fail("split_dir", f"is required for dataset {self.dataset!r} (the CEC index-list folder)")
+        if self.image_size is not None and self.image_size < 8:
+            _fail("image_size", f"must be >= 8, got {self.image_size}")
+        for key in ("base_classes", "ways", "shots", "sessions"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                _fail(key, f"must be >= 1, got {value}")
+        for key in ("train_per_class", "test_per_class", "novel_pool_per_class"):
+            if getattr(self, key) < 1:
+                _fail(key, f"must be >= 1, got {getattr(self, key)}")
+        if not 0.0 < self.test_fraction < 1.0:
+            _fail("test_fraction", f"must be strictly between 0 and 1, got {self.test_fraction}")
+        if self.seed < 0:
+            _fail("seed", f"must be >= 0, got {self.seed}")
+        for rel, digest in (self.checksums or {}).items():
+            try:
+                digest_algorithm(digest)
+            except FSCILError:
+                _fail(f"checksums.{rel}", f"must be a hex md5 or sha256, got {digest!r}")
+        base, ways, shots, sessions = self.protocol_shape()
+        if self.dataset == "synthetic":
+            if base + ways * sessions > MAX_SYNTHETIC_CLASSES:
+                _fail("base_classes", f"+ ways x sessions must be <= {MAX_SYNTHETIC_CLASSES} for synthetic, "
+                      f"got {base + ways * sessions}")
+            if self.novel_pool_per_class < shots:
+                _fail("novel_pool_per_class", f"must be >= shots ({shots}), got {self.novel_pool_per_class}")
+
+    def protocol_shape(self) -> tuple[int | None, int, int, int]:
+        """(base_classes, ways, shots, sessions) with nulls filled from the dataset's standard protocol."""
+        defaults = _DEFAULT_SHAPE[self.dataset]
+        given = (self.base_classes, self.ways, self.shots, self.sessions)
+        return tuple(d if g is None else g for g, d in zip(given, defaults, strict=True))  # type: ignore[return-value]
+
+    @property
+    def resolved_image_size(self) -> int:
+        return self.image_size if self.image_size is not None else PRESETS[self.dataset].image_size
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DataConfig:
+        """Build from the params.yaml `data:` mapping; FSCILError names an unknown key or a mistyped value."""
+        if not isinstance(values, dict):
+            raise FSCILError(f"params: data must be a mapping, got {type(values).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in values:
+            if key not in names:
+                raise FSCILError(f"params: unknown key data.{key} (valid: {', '.join(names)})")
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+
+def _check_type(key: str, value: Any, hint: Any) -> Any:
+    """`value` checked against int, float, bool, str, dict[str, str] or an Optional of those."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if hint is bool:
+        if not isinstance(value, bool):
+            _fail(key, f"must be true or false, got {value!r}")
+    elif hint is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            _fail(key, f"must be an integer, got {value!r}")
+    elif hint is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            _fail(key, f"must be a number, got {value!r}")
+        return float(value)
+    elif hint is str:
+        if not isinstance(value, str):
+            _fail(key, f"must be a string, got {value!r}")
+    elif typing.get_origin(hint) is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            _fail(key, f"must be a mapping of strings to strings, got {value!r}")
+        return dict(value)
+    return value

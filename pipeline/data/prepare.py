@@ -1,0 +1,100 @@
+"""`build_pack`: read (or generate) the configured dataset, draw or read its protocol, write the image pack.
+
+One builder per dataset kind, chosen by a plain dict keyed by `DataConfig.dataset`; each returns the
+pack's content with images still to be streamed, and `write_pack` writes it atomically.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipeline.data.assemble import assemble
+from pipeline.data.cec_splits import BENCHMARKS, BenchmarkShape, read_cec_splits
+from pipeline.data.cifar100 import read_cifar100
+from pipeline.data.class_folder import class_folder_protocol, read_class_folder
+from pipeline.data.config import DataConfig
+from pipeline.data.cub200 import read_cub200
+from pipeline.data.mini_imagenet import read_mini_imagenet
+from pipeline.data.pack import PackContent, write_pack
+from pipeline.data.source import SourceDataset
+from pipeline.data.synthetic import SyntheticSpec, synthetic_pack_content
+
+
+def _config_provenance(cfg: DataConfig) -> dict[str, Any]:
+    return {"config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}}
+
+
+def _synthetic(cfg: DataConfig) -> PackContent:
+    base, ways, shots, sessions = cfg.protocol_shape()
+    spec = SyntheticSpec(base_classes=base, ways=ways, shots=shots, sessions=sessions,
+                         train_per_class=cfg.train_per_class, novel_pool_per_class=cfg.novel_pool_per_class,
+                         test_per_class=cfg.test_per_class, image_size=cfg.resolved_image_size, seed=cfg.seed)
+    content = synthetic_pack_content(spec, preset=cfg.dataset)
+    content.provenance.update(_config_provenance(cfg))
+    return content
+
+
+def _with_cec_splits(read: Callable[[DataConfig], SourceDataset]) -> Callable[[DataConfig], PackContent]:
+    """Builder for a benchmark with official CEC split files."""
+
+    def build(cfg: DataConfig) -> PackContent:
+        source = read(cfg)
+        base, ways, shots, sessions = cfg.protocol_shape()
+        # the CIFAR-100 class-range check only makes sense for the standard protocol's shape
+        consecutive = BENCHMARKS[cfg.dataset].consecutive and shape_is_standard(cfg)
+        shape = BenchmarkShape(base, ways, shots, sessions, consecutive=consecutive)
+        train_sessions, split_sums = read_cec_splits(Path(cfg.split_dir), source, shape)
+        provenance = {**_config_provenance(cfg), "split_dir": str(cfg.split_dir), "split_files": split_sums}
+        return assemble(source, train_sessions, cfg.resolved_image_size, cfg.dataset, provenance, ways, shots)
+
+    return build
+
+
+def shape_is_standard(cfg: DataConfig) -> bool:
+    b = BENCHMARKS[cfg.dataset]
+    return cfg.protocol_shape() == (b.base_classes, b.ways, b.shots, b.sessions)
+
+
+def _class_folder(cfg: DataConfig) -> PackContent:
+    base, ways, shots, sessions = cfg.protocol_shape()
+    source, train_sessions = class_folder_protocol(read_class_folder(Path(cfg.root)), base, ways, shots, sessions,
+                                                   cfg.test_fraction, cfg.seed, cfg.shuffle_classes)
+    return assemble(source, train_sessions, cfg.resolved_image_size, cfg.dataset, _config_provenance(cfg),
+                    ways, shots)
+
+
+BUILDERS: dict[str, Callable[[DataConfig], PackContent]] = {
+    "synthetic": _synthetic,
+    "cifar100": _with_cec_splits(lambda c: read_cifar100(Path(c.root), c.verify_checksums, c.checksums)),
+    "mini_imagenet": _with_cec_splits(
+        lambda c: read_mini_imagenet(Path(c.root), Path(c.split_dir), c.verify_checksums, c.checksums)),
+    "cub200": _with_cec_splits(lambda c: read_cub200(Path(c.root), c.verify_checksums, c.checksums)),
+    "class_folder": _class_folder,
+}
+
+
+def build_pack(cfg: DataConfig, out: Path) -> dict[str, Any]:
+    """Write the image pack for `cfg` to `out` (atomically) and return a summary of what it holds."""
+    start = time.perf_counter()
+    content = BUILDERS[cfg.dataset](cfg)
+    content_hash = write_pack(Path(out), content)
+    protocol = content.protocol
+    return {
+        "path": str(out),
+        "dataset": content.dataset,
+        "preset": content.preset,
+        "image_size": content.image_size,
+        "images": int(len(content.labels)),
+        "classes": len(content.class_names),
+        "base_classes": protocol.num_base_classes,
+        "incremental_sessions": protocol.num_incremental,
+        "ways": protocol.ways,
+        "shots": protocol.shots,
+        "train_images_per_session": [len(s.train_ids) for s in protocol.sessions],
+        "test_images": int(len(protocol.test_ids)),
+        "content_hash": content_hash,
+        "seconds": round(time.perf_counter() - start, 3),
+    }

@@ -1,0 +1,75 @@
+"""Image presets: stored pack resolution, network input, normalisation and augmentation per dataset kind.
+
+Values follow the authors' (NC-FSCIL / mmcls) pipelines for the benchmarks:
+- cifar100: RandomResizedCrop(32, scale 0.6-1, bicubic), flip, ColorJitter 0.4; test Resize(36) + CenterCrop(32).
+- mini_imagenet: RandomResizedCrop(84), flip, ColorJitter 0.4; test Resize(96) + CenterCrop(84); ImageNet stats.
+- cub200: RandomResizedCrop(224), flip, ColorJitter 0.4; test Resize(256) + CenterCrop(224); ImageNet stats.
+  The pack stores CUB at `image_size` (224): shorter side resized to 224, centre square. Training crops come
+  from that square; the test view (upsample to 256, centre 224) shows the same central 87.5% as the standard
+  Resize(256) + CenterCrop(224) on the original image.
+A preset is defined at its default stored size; asking for another stored size scales the input and
+test-resize sizes by the same ratio (CUB stored at 448 -> input 448, test resize 512).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pipeline.errors import FSCILError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class ImagePreset:
+    """How images of one dataset kind are stored, augmented for training and transformed for testing."""
+
+    name: str
+    image_size: int
+    """Stored (pack) resolution: images are image_size x image_size."""
+    input_size: int
+    """Network input resolution (train crops and test crops are input_size x input_size)."""
+    test_resize: int
+    """Test transform: resize to test_resize x test_resize, then centre-crop input_size."""
+    mean: tuple[float, float, float]
+    """Per-channel mean of [0, 1] RGB values, subtracted before the network."""
+    std: tuple[float, float, float]
+    crop_scale: tuple[float, float]
+    """RandomResizedCrop area fraction range."""
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    """RandomResizedCrop aspect ratio range."""
+    flip_prob: float = 0.5
+    brightness: float = 0.4
+    contrast: float = 0.4
+    saturation: float = 0.4
+    interpolation: str = "bilinear"
+    """bilinear or bicubic, for train crops and the test resize."""
+
+    def at_size(self, image_size: int) -> ImagePreset:
+        """This preset for packs stored at `image_size`: input and test-resize sizes scaled by the same ratio."""
+        if image_size == self.image_size:
+            return self
+        ratio = image_size / self.image_size
+        return replace(self, image_size=image_size, input_size=max(1, round(self.input_size * ratio)),
+                       test_resize=max(1, round(self.test_resize * ratio)))
+
+
+PRESETS: dict[str, ImagePreset] = {
+    "synthetic": ImagePreset("synthetic", 32, 32, 32, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),
+                             crop_scale=(0.6, 1.0)),
+    "cifar100": ImagePreset("cifar100", 32, 32, 36, mean=(129.304 / 255, 124.070 / 255, 112.434 / 255),
+                            std=(68.170 / 255, 65.392 / 255, 70.418 / 255), crop_scale=(0.6, 1.0),
+                            interpolation="bicubic"),
+    "mini_imagenet": ImagePreset("mini_imagenet", 84, 84, 96, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0)),
+    "cub200": ImagePreset("cub200", 224, 224, 256, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0)),
+    "class_folder": ImagePreset("class_folder", 84, 84, 96, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0)),
+}
+
+
+def get_preset(name: str, image_size: int | None = None) -> ImagePreset:
+    """The preset called `name`, for packs stored at `image_size` (None: the preset's default)."""
+    preset = PRESETS.get(name)
+    if preset is None:
+        raise FSCILError(f"unknown image preset {name!r} (known: {', '.join(PRESETS)})")
+    return preset if image_size is None else preset.at_size(int(image_size))

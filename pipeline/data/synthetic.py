@@ -1,0 +1,200 @@
+"""The embedded default benchmark: a seeded synthetic 100-class FSCIL dataset rendered straight into a pack.
+
+A class is a combination of three attributes: a shape family (disc, square, triangle, ring, cross,
+semicircle), a colour (six hues 60 degrees apart) and a texture (solid, stripes, checker); 6 x 6 x 3 = 108
+combinations, of which a seeded permutation picks the classes and their order. Classes therefore come in
+families sharing one or two attributes: distinct, but confusable. Within a class, images vary in position,
+scale, rotation, hue/saturation/value, stripe period and phase, background (a random two-colour gradient),
+distractors (three small solid shapes of any family and colour) and pixel noise.
+
+Protocol (CIFAR-like by default): classes 0..B-1 are the base classes with `train_per_class` training
+images each; every incremental class gets a pool of `novel_pool_per_class` images from which `shots` are
+drawn (the rest of the pool stays in the pack unused, e.g. for joint-training upper bounds); every class
+has `test_per_class` test images. Pack layout: training pools class by class, then test images class by
+class. Rendering is vectorised numpy over chunks of images (signed distance functions on a coordinate
+grid), deterministic per seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.data.pack import PackContent
+from pipeline.data.protocol import FSCILProtocol, Session
+from pipeline.errors import FSCILError
+
+SHAPES = ("disc", "square", "triangle", "ring", "cross", "semicircle")
+COLOURS = ("red", "yellow", "green", "cyan", "blue", "magenta")  # hues 0, 60, ..., 300 degrees
+TEXTURES = ("solid", "stripes", "checker")
+RENDER_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """Sizes of the synthetic benchmark."""
+
+    base_classes: int = 60
+    ways: int = 5
+    shots: int = 5
+    sessions: int = 8
+    train_per_class: int = 100
+    novel_pool_per_class: int = 20
+    test_per_class: int = 40
+    image_size: int = 32
+    seed: int = 0
+
+    @property
+    def num_classes(self) -> int:
+        return self.base_classes + self.ways * self.sessions
+
+
+def class_attributes(num_classes: int, seed: int) -> np.ndarray:
+    """(num_classes, 3) int (shape, colour, texture) indices: a seeded choice and order of the 108 combinations."""
+    combos = np.array([(s, c, t) for s in range(len(SHAPES)) for c in range(len(COLOURS))
+                       for t in range(len(TEXTURES))])
+    if num_classes > len(combos):
+        raise FSCILError(f"synthetic: at most {len(combos)} classes, asked for {num_classes}")
+    rng = np.random.default_rng([seed, 1])
+    return combos[rng.permutation(len(combos))[:num_classes]]
+
+
+def class_names(attributes: np.ndarray) -> list[str]:
+    return [f"{SHAPES[s]}-{COLOURS[c]}-{TEXTURES[t]}" for s, c, t in attributes]
+
+
+def _hsv_to_rgb(h: np.ndarray, s: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """(..., 3) RGB in [0, 1] from hue in turns and saturation/value in [0, 1]."""
+    out = []
+    for n in (5.0, 3.0, 1.0):
+        k = (n + h * 6.0) % 6.0
+        out.append(v - v * s * np.clip(np.minimum(k, 4.0 - k), 0.0, 1.0))
+    return np.stack(out, axis=-1)
+
+
+def _sdf(shape: np.ndarray, px: np.ndarray, py: np.ndarray) -> np.ndarray:
+    """Signed distance (in object radii, negative inside) of each sample's shape family; px, py: (B, S, S)."""
+    r = np.sqrt(px * px + py * py)
+    ax, ay = np.abs(px), np.abs(py)
+    families = [
+        r - 1.0,                                                             # disc
+        np.maximum(ax, ay) - 0.85,                                           # square
+        np.maximum(ax * 0.866 + py * 0.5, -py) - 0.5,                        # triangle (circumradius 1)
+        np.abs(r - 0.75) - 0.25,                                             # ring
+        np.minimum(np.maximum(ax - 1.0, ay - 0.32), np.maximum(ax - 0.32, ay - 1.0)),  # cross
+        np.maximum(r - 1.0, -py),                                            # semicircle
+    ]
+    return np.choose(shape[:, None, None], families)
+
+
+def _local(grid_x: np.ndarray, grid_y: np.ndarray, cx, cy, radius, angle) -> tuple[np.ndarray, np.ndarray]:
+    """Coordinates in each object's frame (rotated, in units of its radius); all params (B,)."""
+    dx, dy = grid_x[None] - cx[:, None, None], grid_y[None] - cy[:, None, None]
+    cos, sin = np.cos(angle)[:, None, None], np.sin(angle)[:, None, None]
+    rad = radius[:, None, None]
+    return (cos * dx + sin * dy) / rad, (-sin * dx + cos * dy) / rad
+
+
+def _coverage(sdf: np.ndarray, radius_px: np.ndarray) -> np.ndarray:
+    """Anti-aliased coverage: a one-pixel ramp across the boundary."""
+    return np.clip(0.5 - sdf * radius_px[:, None, None], 0.0, 1.0)[..., None]
+
+
+def render(attributes: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Render one image per row of attributes (B, 3) -> uint8 (B, size, size, 3)."""
+    b = len(attributes)
+    shape, colour, texture = attributes[:, 0], attributes[:, 1], attributes[:, 2]
+    coords = (np.arange(size, dtype=np.float32) + 0.5) / size * 2.0 - 1.0  # pixel centres in [-1, 1]
+    gx, gy = np.meshgrid(coords, coords)
+    half = size / 2.0
+
+    # background: a two-colour linear gradient of low saturation
+    c0 = _hsv_to_rgb(rng.random(b), rng.uniform(0.0, 0.35, b), rng.uniform(0.2, 0.9, b))
+    c1 = _hsv_to_rgb(rng.random(b), rng.uniform(0.0, 0.35, b), rng.uniform(0.2, 0.9, b))
+    theta = rng.uniform(0, 2 * np.pi, b)
+    ramp = (np.cos(theta)[:, None, None] * gx + np.sin(theta)[:, None, None] * gy + 1.5) / 3.0
+    img = c0[:, None, None] + (c1 - c0)[:, None, None] * ramp[..., None]
+
+    # distractors: three small solid shapes of random family and colour
+    for _ in range(3):
+        radius = rng.uniform(0.12, 0.24, b)
+        px, py = _local(gx, gy, rng.uniform(-0.8, 0.8, b), rng.uniform(-0.8, 0.8, b), radius,
+                        rng.uniform(0, 2 * np.pi, b))
+        alpha = _coverage(_sdf(rng.integers(0, len(SHAPES), b), px, py), radius * half)
+        col = _hsv_to_rgb(rng.random(b), rng.uniform(0.3, 1.0, b), rng.uniform(0.3, 1.0, b))
+        img = img * (1 - alpha) + col[:, None, None] * alpha
+
+    # the class object
+    radius = rng.uniform(0.28, 0.55, b)
+    px, py = _local(gx, gy, rng.uniform(-0.3, 0.3, b), rng.uniform(-0.3, 0.3, b), radius,
+                    rng.uniform(0, 2 * np.pi, b))
+    alpha = _coverage(_sdf(shape, px, py), radius * half)
+    hue = colour / len(COLOURS) + rng.uniform(-0.065, 0.065, b)  # neighbouring hues nearly touch
+    col = _hsv_to_rgb(hue % 1.0, rng.uniform(0.55, 1.0, b), rng.uniform(0.55, 1.0, b))
+    # texture in the object's frame, period in pixels
+    period = rng.uniform(5.0, 8.0, b) / (radius * half)
+    phase = rng.uniform(0, 2 * np.pi, (2, b))
+    wave_x = np.sin(2 * np.pi * px / period[:, None, None] + phase[0][:, None, None])
+    wave_y = np.sin(2 * np.pi * py / period[:, None, None] + phase[1][:, None, None])
+    pattern = np.choose(texture[:, None, None], [np.ones_like(px), wave_x, wave_x * wave_y])
+    depth = rng.uniform(0.45, 0.75, b)[:, None, None]
+    shade = 1.0 - depth * (1.0 - np.clip(0.5 + 1.5 * pattern, 0.0, 1.0))
+    img = img * (1 - alpha) + col[:, None, None] * shade[..., None] * alpha
+
+    img = img + rng.normal(0.0, 1.0, img.shape) * rng.uniform(0.02, 0.09, b)[:, None, None, None]
+    return np.clip(np.rint(img * 255.0), 0, 255).astype(np.uint8)
+
+
+def _layout(spec: SyntheticSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample labels and is_test flags, in pack order: training pools class by class, then test images."""
+    pool = np.where(np.arange(spec.num_classes) < spec.base_classes, spec.train_per_class, spec.novel_pool_per_class)
+    train_labels = np.repeat(np.arange(spec.num_classes), pool)
+    test_labels = np.repeat(np.arange(spec.num_classes), spec.test_per_class)
+    labels = np.concatenate([train_labels, test_labels]).astype(np.int64)
+    is_test = np.concatenate([np.zeros(len(train_labels), bool), np.ones(len(test_labels), bool)])
+    return labels, is_test
+
+
+def synthetic_protocol(spec: SyntheticSpec, labels: np.ndarray, is_test: np.ndarray) -> FSCILProtocol:
+    """Base session = every base training image; session t = `shots` seeded picks from each of its classes' pools."""
+    rng = np.random.default_rng([spec.seed, 2])
+    train = np.flatnonzero(~is_test)
+    base = train[labels[train] < spec.base_classes]
+    sessions = [Session(0, np.arange(spec.base_classes), base)]
+    for t in range(1, spec.sessions + 1):
+        classes = np.arange(spec.base_classes + (t - 1) * spec.ways, spec.base_classes + t * spec.ways)
+        ids = [np.sort(rng.choice(train[labels[train] == c], spec.shots, replace=False)) for c in classes]
+        sessions.append(Session(t, classes, np.concatenate(ids)))
+    return FSCILProtocol(sessions, np.flatnonzero(is_test))
+
+
+def _stream(attributes: np.ndarray, labels: np.ndarray, size: int, seed: int) -> Iterator[np.ndarray]:
+    rng = np.random.default_rng([seed, 3])
+    for start in range(0, len(labels), RENDER_CHUNK):
+        yield render(attributes[labels[start : start + RENDER_CHUNK]], size, rng)
+
+
+def synthetic_pack_content(spec: SyntheticSpec, preset: str = "synthetic") -> PackContent:
+    """The synthetic benchmark as PackContent; images are rendered chunk by chunk as the writer consumes them."""
+    if spec.novel_pool_per_class < spec.shots or spec.train_per_class < 1 or spec.test_per_class < 1:
+        raise FSCILError("synthetic: need train_per_class >= 1, test_per_class >= 1, novel pool >= shots")
+    attributes = class_attributes(spec.num_classes, spec.seed)
+    labels, is_test = _layout(spec)
+    protocol = synthetic_protocol(spec, labels, is_test)
+    protocol.validate(labels, ways=spec.ways, shots=spec.shots)
+    names = class_names(attributes)
+    split = np.where(is_test, "test", "train")
+    return PackContent(
+        dataset="synthetic",
+        preset=preset,
+        image_size=spec.image_size,
+        labels=labels,
+        class_names=names,
+        protocol=protocol,
+        images=_stream(attributes, labels, spec.image_size, spec.seed),
+        provenance={"generator": "synthetic", "params": {k: getattr(spec, k) for k in spec.__dataclass_fields__}},
+        source_keys=[f"{split[i]}/{names[labels[i]]}/{i}" for i in range(len(labels))],
+    )
+
