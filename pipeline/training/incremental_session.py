@@ -148,7 +148,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         opt.step()
         for key, value in (("loss", loss), ("cls", cls), ("supp", supp), ("sep", sep)):
             history[key].append(round(value.item(), 6))
-        bar.set_postfix(loss=f"{float(loss):.4f}")
+        bar.set_postfix(loss=f"{loss.item():.4f}")
     if frozen_digest(projector) != frozen_before:
         raise RuntimeError("frozen projector parts changed during an incremental session")
 

@@ -1,0 +1,62 @@
+"""A tiny end-to-end configuration shared by the stage, reliability and CLI tests (seconds on a CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from stages.cli import app
+
+TINY_PARAMS = {
+    "preset": "synthetic",
+    "seed": 0,
+    "device": "cpu",
+    "data": {"base_classes": 8, "ways": 2, "shots": 2, "sessions": 3, "train_per_class": 12,
+             "novel_pool_per_class": 4, "test_per_class": 4},
+    "model": {"backbone_widths": [8, 8, 16, 16], "dim": 16, "d_state": 4, "dt_rank": 4, "k_paths": 4},
+    "base": {"epochs": 3, "batch_size": 32, "lr": 0.1, "warmup_steps": 1, "checkpoint_every": 1,
+             "eval_batch_size": 64},
+    "extract": {"batch_size": 64, "augmented_views": 1, "chunk_samples": 16},
+    "incremental": {"steps": [4], "batch_size": 8, "lambda1": 10.0, "lambda2": 0.1, "lambda3": 0.1,
+                    "mixup_prob": 0.5, "eval_batch_size": 64},
+}
+NUM_SESSIONS = 3
+runner = CliRunner()
+
+
+def write_params(path: Path, **sections) -> Path:
+    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
+    for name, values in sections.items():
+        if isinstance(values, dict):
+            params[name] = {**params.get(name, {}), **values}
+        else:
+            params[name] = values
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def cli(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def run_stage(name: str, params: Path, data_dir: Path, *extra: str):
+    args = ["stage", name]
+    if name != "report":
+        args += ["--params", str(params)]
+    args += ["--data-dir", str(data_dir), *extra]
+    if name not in ("prepare", "report"):
+        args.append("--quiet")
+    result = cli(*args)
+    assert result.exit_code == 0, f"{name} failed: {result.output}"
+    return result
+
+
+def run_pipeline(params: Path, data_dir: Path, metrics: Path) -> None:
+    run_stage("prepare", params, data_dir)
+    run_stage("base", params, data_dir)
+    run_stage("extract", params, data_dir)
+    for session in range(1, NUM_SESSIONS + 1):
+        run_stage("incremental", params, data_dir, "--session", str(session))
+    run_stage("report", params, data_dir, "--metrics", str(metrics))

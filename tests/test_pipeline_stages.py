@@ -1,0 +1,147 @@
+"""Each stage's outputs, checked against direct computations on a tiny synthetic run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import load_config
+from pipeline.data.augment import test_transform
+from pipeline.data.pack import ImagePack
+from pipeline.data.presets import get_preset
+from pipeline.models.fscil import build_head
+from pipeline.store.feature_store import FeatureStore
+from pipeline.training.base_session import load_base_model
+from pipeline.training.checkpoint import load_checkpoint, unprefixed
+from pipeline.training.incremental_session import frozen_digest
+from stages.paths import StagePaths
+from tests.pipeline_fixtures import NUM_SESSIONS, cli, run_pipeline, run_stage, write_params
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    params = write_params(root / "params.yaml")
+    run_pipeline(params, root / "data", root / "metrics.json")
+    return root, params, StagePaths(root / "data")
+
+
+def test_store_equals_direct_backbone_forward(tiny_run):
+    root, params, paths = tiny_run
+    cfg = load_config(params)
+    store = FeatureStore.open(paths.features)
+    with ImagePack.open(paths.pack) as pack:
+        model, _, _ = load_base_model(cfg, paths.base, pack.content_hash)
+        model.eval()
+        preset = get_preset(pack.preset, pack.image_size)
+        ids = np.asarray(store.root["test/ids"][:])
+        assert np.array_equal(np.sort(ids), np.sort(pack.protocol.test_ids))
+        with torch.no_grad():
+            direct = model.backbone(test_transform(torch.from_numpy(pack.read_images(ids[:20])), preset)).numpy()
+        np.testing.assert_allclose(store.root["test/maps"][:20], direct, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(store.root["test/labels"][:], pack.labels[ids])
+        # the class-mean memory of the base classes
+        base = pack.protocol.sessions[0]
+        means, classes = store.base_memory()
+        assert np.array_equal(classes, base.classes)
+        with torch.no_grad():
+            for c in (0, len(classes) - 1):
+                cid = base.train_ids[pack.labels[base.train_ids] == classes[c]]
+                maps = model.backbone(test_transform(torch.from_numpy(pack.read_images(cid)), preset)).numpy()
+                np.testing.assert_allclose(means[c], maps.mean(axis=0), rtol=1e-5, atol=1e-6)
+        # the few-shot maps of session 2 and its augmented view
+        maps, labels, views = store.fewshot(2)
+        assert np.array_equal(labels, pack.labels[pack.protocol.sessions[2].train_ids])
+        assert views.shape == (1, *maps.shape) and not np.allclose(views[0], maps)
+    assert store.attrs["pack_hash"] and store.attrs["checkpoint_sha256"] and store.map_shape == (16, 2, 2)
+
+
+def test_session_metrics_cover_exactly_the_seen_classes(tiny_run):
+    root, _, paths = tiny_run
+    store = FeatureStore.open(paths.features)
+    all_labels = store.root["test/labels"][:]
+    for session in range(1, NUM_SESSIONS + 1):
+        m = json.loads((paths.session(session) / "metrics.json").read_text())
+        num_seen = 8 + 2 * session
+        assert m["num_seen_classes"] == num_seen and len(m["per_class_acc"]) == num_seen
+        assert m["num_test"] == int((all_labels < num_seen).sum())
+        per = np.array(m["per_class_acc"], dtype=float)
+        counts = np.bincount(all_labels[all_labels < num_seen], minlength=num_seen)
+        assert m["acc"] == pytest.approx(float((per * counts).sum() / counts.sum()), abs=1e-3)
+        assert m["base_acc"] == pytest.approx(float((per[:8] * counts[:8]).sum() / counts[:8].sum()), abs=1e-3)
+
+
+def test_memory_grows_by_the_new_class_means(tiny_run):
+    _, _, paths = tiny_run
+    store = FeatureStore.open(paths.features)
+    state, meta = load_checkpoint(paths.session(2) / "state.safetensors")
+    mem_maps, mem_classes = state["memory.maps"].numpy(), state["memory.classes"].numpy()
+    assert mem_classes.tolist() == [8, 9, 10, 11]
+    for session in (1, 2):
+        maps, labels, _ = store.fewshot(session)
+        for c in np.unique(labels):
+            np.testing.assert_allclose(mem_maps[mem_classes == c][0], maps[labels == c].mean(0), rtol=1e-6)
+
+
+def test_frozen_parts_unchanged_bit_for_bit(tiny_run):
+    _, params, paths = tiny_run
+    cfg = load_config(params)
+    tensors, _ = load_checkpoint(paths.base / "model.safetensors")
+    projector, _ = build_head(cfg.model, 16, (2, 2), 14)
+    projector.load_state_dict(unprefixed(tensors, "projector"))
+    expected = frozen_digest(projector)
+    for session in range(1, NUM_SESSIONS + 1):
+        _, meta = load_checkpoint(paths.session(session) / "state.safetensors")
+        assert meta["frozen_sha256"] == expected
+        m = json.loads((paths.session(session) / "metrics.json").read_text())
+        assert m["frozen_sha256"] == expected
+    # and g_inc did train: its state differs between sessions
+    s1, _ = load_checkpoint(paths.session(1) / "state.safetensors")
+    s3, _ = load_checkpoint(paths.session(3) / "state.safetensors")
+    assert not torch.equal(s1["adapting.in_proj.weight"], s3["adapting.in_proj.weight"])
+
+
+def test_report_matches_session_metrics(tiny_run):
+    root, _, paths = tiny_run
+    summary = json.loads((root / "metrics.json").read_text())
+    accs = [json.loads((paths.base / "metrics.json").read_text())["acc"]]
+    accs += [json.loads((paths.session(s) / "metrics.json").read_text())["acc"] for s in range(1, NUM_SESSIONS + 1)]
+    assert list(summary["sessions"].values()) == pytest.approx(accs)
+    assert summary["avg"] == pytest.approx(sum(accs) / len(accs), abs=1e-3)
+    assert summary["pd"] == pytest.approx(accs[0] - accs[-1], abs=1e-3)
+    assert summary["final"] == pytest.approx(accs[-1])
+    csv = (paths.report / "sessions.csv").read_text().splitlines()
+    assert csv[0].startswith("session,acc,base_acc,novel_acc") and len(csv) == NUM_SESSIONS + 2
+    assert (paths.report / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_incremental_runs_without_the_image_pack(tiny_run, tmp_path):
+    root, params, paths = tiny_run
+    data = tmp_path / "data"
+    shutil.copytree(paths.data_dir, data)
+    (data / "pack.h5").unlink()
+    shutil.rmtree(data / "sessions")
+    run_stage("incremental", params, data, "--session", "1")
+    again = json.loads((data / "sessions" / "session_1" / "metrics.json").read_text())
+    before = json.loads((paths.session(1) / "metrics.json").read_text())
+    assert again["acc"] == before["acc"] and again["history"] == before["history"]  # deterministic too
+
+
+def test_session_order_is_enforced(tiny_run, tmp_path):
+    _, params, paths = tiny_run
+    data = tmp_path / "data"
+    shutil.copytree(paths.data_dir, data)
+    shutil.rmtree(data / "sessions" / "session_2")
+    shutil.rmtree(data / "sessions" / "session_3")
+    result = cli("stage", "incremental", "--session", "3", "--params", str(params), "--data-dir", str(data), "-q")
+    assert result.exit_code == 2
+    assert "session 2 is not done" in result.output and "--session 2" in result.output
+    assert not (data / "sessions" / "session_3").exists()
+    for bad in ("0", "4"):
+        result = cli("stage", "incremental", "--session", bad, "--params", str(params), "--data-dir", str(data))
+        assert result.exit_code == 2 and "out of range" in result.output
+        assert not (data / "sessions" / f"session_{bad}").exists()
