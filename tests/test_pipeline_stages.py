@@ -18,16 +18,7 @@ from pipeline.store.feature_store import FeatureStore
 from pipeline.training.base_session import load_base_model
 from pipeline.training.checkpoint import load_checkpoint, unprefixed
 from pipeline.training.incremental_session import frozen_digest
-from stages.paths import StagePaths
-from tests.pipeline_fixtures import NUM_SESSIONS, cli, run_pipeline, run_stage, write_params
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("run")
-    params = write_params(root / "params.yaml")
-    run_pipeline(params, root / "data", root / "metrics.json")
-    return root, params, StagePaths(root / "data")
+from tests.pipeline_fixtures import NUM_SESSIONS, cli, run_stage
 
 
 def test_store_equals_direct_backbone_forward(tiny_run):

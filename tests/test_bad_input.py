@@ -1,0 +1,97 @@
+"""Bad input everywhere: a one-line error naming the culprit, exit code 2, and nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from tests.pipeline_fixtures import TINY_PARAMS, cli, write_params
+
+
+def _assert_one_line_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.output
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("section,values,needles", [
+    ("base", {"epochs": "ten"}, ["base.epochs", "integer"]),
+    ("incremental", {"lr": -1.0}, ["incremental.lr", "> 0"]),
+    ("model", {"dimm": 8}, ["unknown key model.dimm"]),
+    ("model", {"k_paths": 3}, ["model.k_paths", "1, 2 or 4"]),
+    ("model", {"projector": "transformer"}, ["model.projector", "dual_ssm"]),
+    ("incremental", {"suppression": "norm"}, ["incremental.suppression"]),
+    ("data", {"dataset": "imagenet"}, ["data.dataset"]),
+    ("extract", {"dtype": "int8"}, ["extract.dtype"]),
+    ("base", {"mix_prob": 2.0}, ["base.mix_prob"]),
+])
+def test_invalid_params(tmp_path, section, values, needles):
+    params = write_params(tmp_path / "params.yaml", **{section: values})
+    result = cli("stage", "prepare", "--params", str(params), "--data-dir", str(tmp_path / "data"))
+    _assert_one_line_error(result, *needles)
+    assert not (tmp_path / "data").exists()
+
+
+def test_invalid_top_level_params(tmp_path):
+    for extra, needle in (({"sed": 1}, "unknown key sed"), ({"preset": "imagenet"}, "preset 'imagenet'"),
+                          ({"seed": -1}, "seed"), ({"device": "tpu"}, "device")):
+        params = tmp_path / "params.yaml"
+        params.write_text(yaml.safe_dump({**TINY_PARAMS, **extra}))
+        _assert_one_line_error(cli("stage", "base", "--params", str(params), "--data-dir", str(tmp_path)), needle)
+    params.write_text("base: [unclosed")
+    _assert_one_line_error(cli("config", "show", "--params", str(params)), "not valid YAML")
+    _assert_one_line_error(cli("config", "show", "--params", str(tmp_path / "none.yaml")), "no such file")
+
+
+def test_corrupt_and_foreign_feature_stores(tiny_run, tmp_path):
+    _, params, paths = tiny_run
+    data = tmp_path / "data"
+    shutil.copytree(paths.data_dir, data, ignore=shutil.ignore_patterns("sessions", "report", "pack.h5"))
+    meta = data / "features.zarr" / "zarr.json"
+    original = meta.read_text()
+    args = ("stage", "incremental", "--session", "1", "--params", str(params), "--data-dir", str(data), "-q")
+
+    meta.write_text("{ not json")
+    _assert_one_line_error(cli(*args), "not a readable Zarr store")
+    doc = json.loads(original)
+    doc["attributes"]["format"] = "somebody-else/1"
+    meta.write_text(json.dumps(doc))
+    _assert_one_line_error(cli(*args), "not a feature store of this pipeline")
+    doc = json.loads(original)
+    doc["attributes"]["complete"] = False
+    meta.write_text(json.dumps(doc))
+    _assert_one_line_error(cli(*args), "incomplete feature store")
+    doc = json.loads(original)
+    doc["attributes"]["map_shape"] = [16, 3, 3]  # maps do not have the shape the metadata claims
+    meta.write_text(json.dumps(doc))
+    _assert_one_line_error(cli(*args), "test/maps has maps of shape")
+    shutil.rmtree(data / "features.zarr")
+    _assert_one_line_error(cli(*args), "feature store not found")
+    assert not (data / "sessions" / "session_1").exists()
+
+
+def test_non_finite_loss_stops_naming_the_step(tiny_run, tmp_path):
+    _, _, paths = tiny_run
+    data = tmp_path / "data"
+    shutil.copytree(paths.data_dir, data, ignore=shutil.ignore_patterns("sessions", "report"))
+    params = write_params(tmp_path / "params.yaml", incremental={"lr": 1e30, "lambda1": 1e30})
+    result = cli("stage", "incremental", "--session", "1", "--params", str(params), "--data-dir", str(data), "-q")
+    _assert_one_line_error(result, "session 1: non-finite loss at step")
+    assert not (data / "sessions" / "session_1").exists() and not list((data / "sessions").glob(".*"))
+    params = write_params(tmp_path / "params.yaml", base={"lr": 1e30})
+    result = cli("stage", "base", "--params", str(params), "--data-dir", str(data), "-q")
+    _assert_one_line_error(result, "non-finite loss at epoch", "step")
+    # the earlier (complete) base output is still the one in place, untouched
+    assert (data / "base" / "model.safetensors").read_bytes() == (paths.base / "model.safetensors").read_bytes()
+
+
+def test_missing_inputs_name_the_stage_to_run(tmp_path):
+    params = write_params(tmp_path / "params.yaml")
+    _assert_one_line_error(cli("stage", "base", "--params", str(params), "--data-dir", str(tmp_path / "d"), "-q"),
+                           "pack.h5")
+    _assert_one_line_error(cli("stage", "report", "--data-dir", str(tmp_path / "d")), "metrics.json")
