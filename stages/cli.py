@@ -164,6 +164,27 @@ def model_summary(
     typer.echo(f"{'total':<12}{summary['total_parameters']:>14,}")
 
 
+@model_app.command("benchmark")
+def model_benchmark(
+    preset: Annotated[str, typer.Option(help="Preset whose model section gives the widths.")] = "cifar100",
+    batch: Annotated[int, typer.Option(help="Batch size.")] = 64,
+    channels: Annotated[int, typer.Option(help="Backbone map channels C.")] = 640,
+    hw: Annotated[int, typer.Option(help="Backbone map side H = W.")] = 2,
+    dim: Annotated[int | None, typer.Option(help="Projector width D'.")] = None,
+    d_state: Annotated[int | None, typer.Option(help="SSM state size.")] = None,
+    dt_rank: Annotated[int | None, typer.Option(help="Low-rank width of f_Delta.")] = None,
+    projector: Annotated[str | None, typer.Option(help="dual_ssm, single_ssm or mlp.")] = None,
+    repeats: Annotated[int, typer.Option(help="Timed repeats (the median is reported).")] = 5,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+) -> None:
+    """Median forward and forward+backward time of one projector branch (g_base / g_inc) on random maps."""
+    from stages.model_benchmark import benchmark_branch
+
+    overrides = {"dim": dim, "d_state": d_state, "dt_rank": dt_rank, "projector": projector}
+    typer.echo(json.dumps(_run("model benchmark", benchmark_branch, preset, overrides, batch, channels, hw,
+                               repeats, device)))
+
+
 def main() -> None:  # pragma: no cover - console entry
     try:
         app()

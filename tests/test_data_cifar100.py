@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from data_fixtures import random_images, real_split_dir, write_cifar, write_split_files
 
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError
 from stages.prepare import run
+from tests.data_fixtures import random_images, real_split_dir, write_cifar, write_split_files
 
 NAMES = [f"c{k}" for k in range(10)]
 TRAIN_Y = np.repeat(np.arange(10), 6)  # indices 6c..6c+5 are class c

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from data_fixtures import write_class_folder, write_image
 from PIL import Image
 
 from pipeline.data.class_folder import class_folder_protocol, read_class_folder
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError
 from stages.prepare import run
+from tests.data_fixtures import write_class_folder, write_image
 
 FLAT = {f"class_{k}": 10 for k in range(7)}
 NESTED = {"birds/crow": 6, "birds/owl": 6, "fish/carp": 6, "fish/eel": 6, "trees/oak": 6}
@@ -68,7 +68,7 @@ def test_generator_is_seeded(tmp_path: Path) -> None:
         split, sessions = class_folder_protocol(source, None, 2, 3, 2, 0.2, seed)
         return split.is_train, sessions
 
-    (a_train, a_sessions), (b_train, b_sessions), (c_train, c_sessions) = draw(1), draw(1), draw(2)
+    (a_train, a_sessions), (b_train, b_sessions), (c_train, _) = draw(1), draw(1), draw(2)
     assert np.array_equal(a_train, b_train) and all(np.array_equal(x, y) for x, y in zip(a_sessions, b_sessions,
                                                                                          strict=True))
     assert not np.array_equal(a_train, c_train)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from data_fixtures import random_images, real_split_dir, write_cub, write_split_files
 from PIL import Image
 
 from pipeline.data.assemble import assemble
@@ -16,6 +15,7 @@ from pipeline.data.cub200 import read_cub200
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError
 from stages.prepare import run
+from tests.data_fixtures import random_images, real_split_dir, write_cub, write_split_files
 
 CLASSES = {1: "001.Aaa", 2: "002.Bbb", 3: "003.Ccc", 4: "004.Ddd", 5: "005.Eee"}
 

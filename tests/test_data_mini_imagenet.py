@@ -7,7 +7,6 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 import pytest
-from data_fixtures import random_images, real_split_dir, tiny_jpeg_bytes, write_mini, write_split_files
 from PIL import Image
 
 from pipeline.data.assemble import assemble
@@ -16,6 +15,7 @@ from pipeline.data.mini_imagenet import read_mini_imagenet
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError
 from stages.prepare import run
+from tests.data_fixtures import random_images, real_split_dir, tiny_jpeg_bytes, write_mini, write_split_files
 
 WNIDS = [f"n0100000{k}" for k in range(1, 7)]
 

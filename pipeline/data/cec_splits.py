@@ -66,9 +66,7 @@ _SESSION_FILE = re.compile(r"session_(\d+)\.txt")
 
 def _session_files(split_dir: Path, expected: int | None) -> list[Path]:
     numbers = sorted(int(m.group(1)) for p in split_dir.iterdir() if (m := _SESSION_FILE.fullmatch(p.name)))
-    count = max(numbers, default=0)
-    if expected is not None:
-        count = expected
+    count = max(numbers, default=0) if expected is None else expected
     for t in range(1, count + 1):
         if t not in numbers:
             raise FSCILError(f"missing split file {split_dir / f'session_{t}.txt'}")

@@ -56,7 +56,8 @@ class ImagePreset:
 
 
 PRESETS: dict[str, ImagePreset] = {
-    "synthetic": ImagePreset("synthetic", 32, 32, 32, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25),
+    # synthetic: statistics measured on the seed-0 default pack; CIFAR-like augmentation, no test resize
+    "synthetic": ImagePreset("synthetic", 32, 32, 32, mean=(0.489, 0.488, 0.489), std=(0.181, 0.181, 0.181),
                              crop_scale=(0.6, 1.0)),
     "cifar100": ImagePreset("cifar100", 32, 32, 36, mean=(129.304 / 255, 124.070 / 255, 112.434 / 255),
                             std=(68.170 / 255, 65.392 / 255, 70.418 / 255), crop_scale=(0.6, 1.0),

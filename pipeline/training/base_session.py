@@ -27,6 +27,7 @@ from pipeline.losses.classification import CLASSIFICATION_LOSSES, mixed_loss
 from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.training.checkpoint import file_sha256, load_checkpoint, read_metadata, save_checkpoint
 from pipeline.training.distributed import (
+    all_reduce_sum,
     barrier,
     convert_global_batchnorm,
     init_process_group,
@@ -185,13 +186,15 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
                     x, y_a, y_b, lam = mixed.images, mixed.target_a, mixed.target_b, mixed.lam
                 logits = net(x[local])
                 loss = mixed_loss(loss_fn, logits, y_a[local], y_b[local], lam[local], scale=cfg.base.dr_scale)
-                if not torch.isfinite(loss):
+                # the global-batch loss (mean of the equal slices' means): every process logs and checks the same one
+                global_loss = all_reduce_sum(loss.detach(), group) / group.world_size
+                if not torch.isfinite(global_loss):
                     raise FSCILError(f"base training: non-finite loss at epoch {epoch + 1} step {i + 1}; "
                                      "nothing written")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                running += loss.item()
+                running += global_loss.item()
                 bar.set_postfix(loss=f"{running / (i + 1):.4f}")
             history.append(round(running / max(steps_per_epoch, 1), 6))
             done = epoch + 1

@@ -1,10 +1,10 @@
 """Process-count invariance: everything the method computes depends on the global batch only.
 
-Under `torchrun` every process reads the same global batch order and draws the same augmentation randoms (both
-seeded by the step), then keeps its own contiguous slice. Losses are sums over the local slice divided by the
-global sample count, times the world size (DDP averages gradients over processes). BatchNorm statistics are
-reduced over the global batch with `GlobalBatchNorm2d`, which works on gloo (CPU) and NCCL alike, unlike
-torch's SyncBatchNorm (GPU only).
+Under `torchrun` every process reads the same global batch order and draws the same augmentation and Mixup/CutMix
+randoms (all seeded by the step), then keeps its own contiguous slice `ProcessGroup.local_slice`. Slices are
+equal, so the mean of the local mean losses is the global mean loss, and DDP's gradient average is its gradient.
+BatchNorm statistics are reduced over the global batch with `GlobalBatchNorm2d`, which works on gloo (CPU) and
+NCCL alike, unlike torch's SyncBatchNorm (CUDA only).
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ def init_process_group(device: torch.device) -> ProcessGroup:
     if world <= 1:
         return ProcessGroup()
     if not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL (and its barrier) must know this process's GPU
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return ProcessGroup(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
@@ -56,50 +58,90 @@ def barrier(group: ProcessGroup) -> None:
         dist.barrier()
 
 
+class _DifferentiableAllReduce(torch.autograd.Function):
+    """Sum over processes; the gradient of a sum that every process uses is the sum of their gradients."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor) -> torch.Tensor:
+        t = t.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(t)
+        return t
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(grad)
+        return grad
+
+
 class GlobalBatchNorm2d(nn.BatchNorm2d):
-    """BatchNorm2d whose training statistics are those of the global batch (all processes)."""
+    """BatchNorm2d whose batch statistics are those of the global batch (all processes), in forward and backward.
+
+    Each process contributes (count, mean, M2) of its slice, gathered with one differentiable all-reduce and merged
+    with Chan et al.'s parallel formula (no E[x^2] - E[x]^2 cancellation); slices may differ in size. Running stats
+    are updated as torch does (unbiased variance). Eval mode and a single process are plain BatchNorm2d.
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.training and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        if not (batch_stats and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return super().forward(x)
-        from torch.distributed.nn.functional import all_reduce  # differentiable all-reduce
-
+        self._check_input_dim(x)
+        world, rank = dist.get_world_size(), dist.get_rank()
+        xs = x.to(torch.promote_types(x.dtype, torch.float32))  # statistics in at least float32
         c = x.shape[1]
-        count = torch.tensor([x.numel() / c], dtype=x.dtype, device=x.device)
-        stats = torch.cat([x.sum(dim=(0, 2, 3)), (x * x).sum(dim=(0, 2, 3)), count])
-        stats = all_reduce(stats)
-        n = stats[-1]
-        mean = stats[:c] / n
-        var = stats[c:2 * c] / n - mean * mean
-        if self.track_running_stats:
+        count = x.numel() // c
+        var_local, mean_local = torch.var_mean(xs, dim=(0, 2, 3), correction=0)  # (C,), (C,)
+        row = torch.cat([xs.new_full((1,), float(count)), mean_local, var_local * count])  # (1 + 2C,)
+        # an all-gather through the differentiable all-reduce: every process fills its own row
+        rows = torch.stack([row if r == rank else torch.zeros_like(row) for r in range(world)])
+        rows = _DifferentiableAllReduce.apply(rows)  # (W, 1 + 2C)
+        counts, means, m2s = rows[:, :1], rows[:, 1:1 + c], rows[:, 1 + c:]
+        n = counts.sum()
+        mean = (counts * means).sum(0) / n
+        var = (m2s + counts * (means - mean) ** 2).sum(0) / n  # biased: what normalises the batch
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
             with torch.no_grad():
-                m = self.momentum if self.momentum is not None else 0.1
-                self.running_mean.mul_(1 - m).add_(m * mean.detach())
-                self.running_var.mul_(1 - m).add_(m * var.detach() * n / max(float(n) - 1, 1.0))
-                self.num_batches_tracked += 1
-        x_hat = (x - mean[None, :, None, None]) * torch.rsqrt(var[None, :, None, None] + self.eps)
-        return x_hat * self.weight[None, :, None, None] + self.bias[None, :, None, None] if self.affine else x_hat
+                self.running_mean.mul_(1 - factor).add_(mean.detach().to(self.running_mean.dtype), alpha=factor)
+                unbiased = (var.detach() * n / (n - 1)).to(self.running_var.dtype)
+                self.running_var.mul_(1 - factor).add_(unbiased, alpha=factor)
+        scale = torch.rsqrt(var + self.eps)
+        if self.affine:
+            scale = scale * self.weight
+        out = (xs - mean[None, :, None, None]) * scale[None, :, None, None]
+        if self.affine:
+            out = out + self.bias[None, :, None, None]
+        return out.to(x.dtype)
 
 
 def convert_global_batchnorm(module: nn.Module) -> nn.Module:
-    """Swap every BatchNorm2d for a GlobalBatchNorm2d sharing its parameters and buffers."""
+    """Swap every nn.BatchNorm2d (`module` itself included) for a GlobalBatchNorm2d holding the *same* parameter
+    and buffer tensors, so requires_grad, optimizer references and the train/eval state carry over.
+
+    Returns the converted module (a new object only when `module` itself is a BatchNorm2d). Other BatchNorm
+    kinds (1d, 3d, subclasses with extra behaviour) are refused rather than left per-process.
+    """
+    if type(module) is nn.BatchNorm2d:
+        new = GlobalBatchNorm2d(module.num_features, module.eps, module.momentum, module.affine,
+                                module.track_running_stats, device="meta")
+        for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            setattr(new, name, tensor)  # parameters stay parameters, buffers stay buffers
+        new.train(module.training)
+        return new
+    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, GlobalBatchNorm2d):
+        raise TypeError(f"convert_global_batchnorm: {type(module).__name__} has no global-batch version")
     for name, child in module.named_children():
-        if isinstance(child, nn.BatchNorm2d) and not isinstance(child, GlobalBatchNorm2d):
-            new = GlobalBatchNorm2d(child.num_features, child.eps, child.momentum, child.affine,
-                                    child.track_running_stats).to(child.weight.device if child.affine else "cpu")
-            new.load_state_dict(child.state_dict())
-            new.requires_grad_(any(p.requires_grad for p in child.parameters()))
-            setattr(module, name, new)
-        else:
-            convert_global_batchnorm(child)
+        converted = convert_global_batchnorm(child)
+        if converted is not child:
+            setattr(module, name, converted)
     return module
 
 
 def cleanup(group: ProcessGroup) -> None:
     if group.world_size > 1 and dist.is_initialized():
         dist.destroy_process_group()
-
-
 
 
 def resolve_device(name: str) -> torch.device:
