@@ -35,8 +35,8 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
-def _run(name: str, fn, *args, **kwargs):
-    """Run a stage function with one-line errors and a timing summary."""
+def _run(name: str, fn, *args, timed: bool = True, **kwargs):
+    """Run a stage function with one-line errors and (for stages) a timing summary on stderr."""
     started = time.time()
     try:
         result = fn(*args, **kwargs)
@@ -44,7 +44,8 @@ def _run(name: str, fn, *args, **kwargs):
         _fail(str(err).splitlines()[0] if str(err) else type(err).__name__, FSCILError.exit_code)
     except KeyboardInterrupt:
         _fail(f"{name} interrupted; nothing was written", 130)
-    typer.echo(f"{name}: done in {time.time() - started:.1f} s", err=True)
+    if timed:
+        typer.echo(f"{name}: done in {time.time() - started:.1f} s", err=True)
     return result
 
 
@@ -153,7 +154,7 @@ def model_summary(
     overrides = {"backbone": backbone, "projector": projector, "dim": dim, "d_state": d_state, "dt_rank": dt_rank,
                  "k_paths": k_paths, "classifier": classifier,
                  "backbone_widths": [int(w) for w in widths.split(",")] if widths else None}
-    summary = _run("model summary", summarise_model, preset, overrides, num_classes, input_size)
+    summary = _run("model summary", summarise_model, preset, overrides, num_classes, input_size, timed=False)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return
@@ -182,7 +183,7 @@ def model_benchmark(
 
     overrides = {"dim": dim, "d_state": d_state, "dt_rank": dt_rank, "projector": projector}
     typer.echo(json.dumps(_run("model benchmark", benchmark_branch, preset, overrides, batch, channels, hw,
-                               repeats, device)))
+                               repeats, device, timed=False)))
 
 
 def main() -> None:  # pragma: no cover - console entry

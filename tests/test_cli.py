@@ -1,0 +1,68 @@
+"""The `fscil` command line: model summary numbers, help texts, config show."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from pipeline.models.backbones import build_backbone
+from tests.pipeline_fixtures import cli
+
+
+def ss2d_branch_params(c: int, h: int, w: int, d: int, n: int, r: int, k: int, conv: int = 3) -> int:
+    """Parameter count of one SS2D branch, from the architecture in reference-facts "Projector"."""
+    p_mlp = (c * 2 * c + 2 * c) + 2 * (2 * c * h * w) + 2 * c * d
+    return (p_mlp + h * w * d + d * 2 * d + d * conv * conv + d + k * (r + 2 * n) * d + k * d * r + k * d
+            + k * d * n + k * d)
+
+
+def test_model_summary_cifar_setting():
+    result = cli("model", "summary", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output[result.output.index("{"):result.output.rindex("}") + 1])
+    assert summary["feature_map"] == "640x2x2" and summary["num_classes"] == 100
+    parts = {k: v["parameters"] for k, v in summary["components"].items()}
+    expected = ss2d_branch_params(640, 2, 2, 640, 256, 256, 4)
+    assert parts["g_base"] == parts["g_inc"] == expected
+    assert parts["p_iden"] == 0  # C == D': identity
+    assert parts["classifier"] == 0  # the ETF is a buffer
+    assert parts["backbone"] == sum(p.numel() for p in build_backbone("resnet12").parameters())
+    assert summary["total_parameters"] == sum(parts.values())
+
+
+def test_model_summary_variants_table():
+    result = cli("model", "summary", "--preset", "synthetic", "--projector", "single_ssm", "--classifier", "linear",
+                 "--dim", "96")
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line.split()[1] for line in result.output.splitlines() if line[:1].isalpha()}
+    assert rows["g_inc"] == "0"
+    assert int(rows["p_iden"].replace(",", "")) == 128 * 96
+    assert int(rows["classifier"].replace(",", "")) == 96 * 100 + 100
+    assert cli("model", "summary", "--k-paths", "3").exit_code == 2
+
+
+@pytest.mark.parametrize("args", [[], ["stage"], ["stage", "incremental"], ["stage", "prepare"], ["model", "summary"],
+                                  ["model", "benchmark"], ["config", "show"]])
+def test_help_everywhere(args):
+    result = cli(*args, "--help")
+    assert result.exit_code == 0 and "Usage" in result.output
+
+
+def test_config_show_merges_the_preset(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"preset": "cifar100", "data": {"root": "/x", "split_dir": "/y"},
+                                      "incremental": {"lambda3": 0.5, "lr": None}}))
+    result = cli("config", "show", "--params", str(params))
+    assert result.exit_code == 0, result.output
+    cfg = yaml.safe_load(result.output)
+    assert cfg["model"]["dim"] == 640 and cfg["base"]["epochs"] == 200
+    assert cfg["incremental"]["lambda3"] == 0.5 and cfg["incremental"]["lr"] == 0.25  # null keeps the preset
+
+
+def test_model_benchmark_reports_times():
+    result = cli("model", "benchmark", "--preset", "synthetic", "--channels", "8", "--batch", "4", "--repeats", "1")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output.splitlines()[0])
+    assert out["forward_ms"] > 0 and out["forward_backward_ms"] > out["forward_ms"] * 0.5
