@@ -8,7 +8,6 @@ type or an out-of-range value is an `FSCILError` that names it.
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,57 +15,12 @@ from typing import Any
 
 import yaml
 
+from pipeline.config_fields import SectionConfig, check
 from pipeline.data.config import DataConfig
 from pipeline.errors import FSCILError
 
 PRESET_DIR = Path(__file__).parent / "presets"
 SECTIONS = ("data", "model", "base", "extract", "incremental")
-
-
-def _check(cond: bool, section: str, key: str, why: str) -> None:
-    if not cond:
-        raise FSCILError(f"params: {section + '.' if section else ''}{key} {why}")
-
-
-def _coerce(section: str, key: str, value: Any, hint: Any) -> Any:
-    """Check `value` against a field's type hint (int, float, bool, str, list[...] and Optional of those)."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if value is None:
-            return None
-        return _coerce(section, key, value, args[0])
-    if origin in (list, tuple):
-        _check(isinstance(value, (list, tuple)), section, key, f"must be a list, got {value!r}")
-        (item,) = typing.get_args(hint)[:1]
-        return [_coerce(section, key, v, item) for v in value]
-    if hint is bool:
-        _check(isinstance(value, bool), section, key, f"must be true or false, got {value!r}")
-    elif hint is int:
-        _check(isinstance(value, int) and not isinstance(value, bool), section, key,
-               f"must be an integer, got {value!r}")
-    elif hint is float:
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool), section, key,
-               f"must be a number, got {value!r}")
-        return float(value)
-    elif hint is str:
-        _check(isinstance(value, str), section, key, f"must be a string, got {value!r}")
-    return value
-
-
-class SectionConfig:
-    """Mixin: `from_dict` rejects unknown keys and mistyped values, naming them."""
-
-    section: typing.ClassVar[str] = ""
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]):
-        hints = typing.get_type_hints(cls)
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise FSCILError(f"params: unknown key {cls.section}.{unknown[0]} (valid: {', '.join(sorted(names))})")
-        return cls(**{k: _coerce(cls.section, k, v, hints[k]) for k, v in values.items()})
 
 
 @dataclass
@@ -108,18 +62,19 @@ class ModelConfig(SectionConfig):
     """Seed of the ETF's random orthonormal basis."""
 
     def __post_init__(self):
+        self.check_types()
         from pipeline.models.backbones import BACKBONES
         from pipeline.models.classifier import CLASSIFIERS
         from pipeline.models.projector import PROJECTOR_KINDS
 
-        _check(self.backbone in BACKBONES, "model", "backbone", f"must be one of {sorted(BACKBONES)}")
-        _check(self.projector in PROJECTOR_KINDS, "model", "projector", f"must be one of {sorted(PROJECTOR_KINDS)}")
-        _check(self.classifier in CLASSIFIERS, "model", "classifier", f"must be one of {sorted(CLASSIFIERS)}")
-        _check(self.resnet18_stem in ("cifar", "imagenet"), "model", "resnet18_stem", "must be cifar or imagenet")
+        check(self.backbone in BACKBONES, "model", "backbone", f"must be one of {sorted(BACKBONES)}")
+        check(self.projector in PROJECTOR_KINDS, "model", "projector", f"must be one of {sorted(PROJECTOR_KINDS)}")
+        check(self.classifier in CLASSIFIERS, "model", "classifier", f"must be one of {sorted(CLASSIFIERS)}")
+        check(self.resnet18_stem in ("cifar", "imagenet"), "model", "resnet18_stem", "must be cifar or imagenet")
         for key in ("dim", "d_state", "dt_rank", "expand", "d_conv"):
-            _check(getattr(self, key) >= 1, "model", key, "must be >= 1")
-        _check(self.k_paths in (1, 2, 4), "model", "k_paths", "must be 1, 2 or 4")
-        _check(self.mlp_layers in (2, 3), "model", "mlp_layers", "must be 2 or 3")
+            check(getattr(self, key) >= 1, "model", key, "must be >= 1")
+        check(self.k_paths in (1, 2, 4), "model", "k_paths", "must be 1, 2 or 4")
+        check(self.mlp_layers in (2, 3), "model", "mlp_layers", "must be 2 or 3")
 
 
 @dataclass
@@ -152,11 +107,12 @@ class BaseConfig(SectionConfig):
     eval_batch_size: int = 256
 
     def __post_init__(self):
+        self.check_types()
         for key in ("epochs", "batch_size", "checkpoint_every", "eval_batch_size"):
-            _check(getattr(self, key) >= 1, "base", key, "must be >= 1")
-        _check(self.lr > 0, "base", "lr", "must be > 0")
-        _check(0 <= self.mix_prob <= 1, "base", "mix_prob", "must be in [0, 1]")
-        _check(self.warmup_steps >= 0, "base", "warmup_steps", "must be >= 0")
+            check(getattr(self, key) >= 1, "base", key, "must be >= 1")
+        check(self.lr > 0, "base", "lr", "must be > 0")
+        check(0 <= self.mix_prob <= 1, "base", "mix_prob", "must be in [0, 1]")
+        check(self.warmup_steps >= 0, "base", "warmup_steps", "must be >= 0")
 
 
 @dataclass
@@ -172,10 +128,11 @@ class ExtractConfig(SectionConfig):
     """Stored map dtype: float32 or float16."""
 
     def __post_init__(self):
-        _check(self.batch_size >= 1, "extract", "batch_size", "must be >= 1")
-        _check(self.augmented_views >= 0, "extract", "augmented_views", "must be >= 0")
-        _check(self.chunk_samples >= 1, "extract", "chunk_samples", "must be >= 1")
-        _check(self.dtype in ("float32", "float16"), "extract", "dtype", "must be float32 or float16")
+        self.check_types()
+        check(self.batch_size >= 1, "extract", "batch_size", "must be >= 1")
+        check(self.augmented_views >= 0, "extract", "augmented_views", "must be >= 0")
+        check(self.chunk_samples >= 1, "extract", "chunk_samples", "must be >= 1")
+        check(self.dtype in ("float32", "float16"), "extract", "dtype", "must be float32 or float16")
 
 
 @dataclass
@@ -213,18 +170,19 @@ class IncrementalConfig(SectionConfig):
     eval_batch_size: int = 512
 
     def __post_init__(self):
+        self.check_types()
         from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS
 
-        _check(len(self.steps) >= 1 and min(self.steps) >= 1, "incremental", "steps", "must be >= 1")
-        _check(len(self.base_copy) >= 1 and min(self.base_copy) >= 0, "incremental", "base_copy", "must be >= 0")
-        _check(self.batch_size >= 1, "incremental", "batch_size", "must be >= 1")
-        _check(self.copy >= 0, "incremental", "copy", "must be >= 0")
-        _check(self.lr > 0, "incremental", "lr", "must be > 0")
-        _check(self.suppression in SUPPRESSION_TARGETS, "incremental", "suppression",
+        check(len(self.steps) >= 1 and min(self.steps) >= 1, "incremental", "steps", "must be >= 1")
+        check(len(self.base_copy) >= 1 and min(self.base_copy) >= 0, "incremental", "base_copy", "must be >= 0")
+        check(self.batch_size >= 1, "incremental", "batch_size", "must be >= 1")
+        check(self.copy >= 0, "incremental", "copy", "must be >= 0")
+        check(self.lr > 0, "incremental", "lr", "must be > 0")
+        check(self.suppression in SUPPRESSION_TARGETS, "incremental", "suppression",
                f"must be one of {sorted(SUPPRESSION_TARGETS)}")
-        _check(0 <= self.mixup_prob <= 1, "incremental", "mixup_prob", "must be in [0, 1]")
+        check(0 <= self.mixup_prob <= 1, "incremental", "mixup_prob", "must be in [0, 1]")
         for key in ("lambda1", "lambda2", "lambda3"):
-            _check(getattr(self, key) >= 0, "incremental", key, "must be >= 0")
+            check(getattr(self, key) >= 0, "incremental", key, "must be >= 0")
 
     def session_value(self, key: str, session: int) -> int:
         """`steps` / `base_copy` of incremental session `session` (1-based): per-session lists or one value."""
@@ -296,10 +254,10 @@ def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
 def build_config(params: dict[str, Any]) -> Config:
     merged = resolve_params(params)
     seed = merged.get("seed", 0)
-    _check(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, "", "seed",
+    check(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, "", "seed",
            "must be a non-negative integer")
     device = merged.get("device", "auto")
-    _check(device in ("auto", "cpu", "cuda") or str(device).startswith("cuda:"), "", "device",
+    check(device in ("auto", "cpu", "cuda") or str(device).startswith("cuda:"), "", "device",
            "must be auto, cpu or cuda[:N]")
     data = dict(merged["data"])
     data.setdefault("seed", seed)

@@ -17,7 +17,7 @@ from pipeline.data.cec_splits import BENCHMARKS
 from pipeline.data.checksums import digest_algorithm
 from pipeline.data.presets import PRESETS
 from pipeline.data.synthetic import COLOURS, SHAPES, TEXTURES
-from pipeline.errors import FSCILError
+from pipeline.config_fields import SectionConfig, fail
 
 DATASETS = ("synthetic", "cifar100", "mini_imagenet", "cub200", "class_folder")
 CEC_DATASETS = tuple(BENCHMARKS)
@@ -31,12 +31,14 @@ MAX_SYNTHETIC_CLASSES = len(SHAPES) * len(COLOURS) * len(TEXTURES)
 
 
 def _fail(key: str, why: str) -> typing.NoReturn:
-    raise FSCILError(f"params: data.{key} {why}")
+    fail("data", key, why)
 
 
 @dataclass
-class DataConfig:
+class DataConfig(SectionConfig):
     """Which dataset to pack, from where, at which resolution, and (for generated protocols) how."""
+
+    section: typing.ClassVar[str] = "data"
 
     dataset: str = "synthetic"
     """synthetic | cifar100 | mini_imagenet | cub200 | class_folder."""
@@ -73,11 +75,7 @@ class DataConfig:
     """Seed of the synthetic images and of generated protocols."""
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value is not None:
-                setattr(self, f.name, _check_type(f.name, value, hints[f.name]))
+        self.check_types()
         if self.dataset not in DATASETS:
             _fail("dataset", f"must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
         if self.dataset != "synthetic" and not self.root:
@@ -119,38 +117,3 @@ class DataConfig:
     @property
     def resolved_image_size(self) -> int:
         return self.image_size if self.image_size is not None else PRESETS[self.dataset].image_size
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> DataConfig:
-        """Build from the params.yaml `data:` mapping; FSCILError names an unknown key or a mistyped value."""
-        if not isinstance(values, dict):
-            raise FSCILError(f"params: data must be a mapping, got {type(values).__name__}")
-        names = [f.name for f in dataclasses.fields(cls)]
-        for key in values:
-            if key not in names:
-                raise FSCILError(f"params: unknown key data.{key} (valid: {', '.join(names)})")
-        return cls(**{k: v for k, v in values.items() if v is not None})
-
-
-def _check_type(key: str, value: Any, hint: Any) -> Any:
-    """`value` checked against int, float, bool, str, dict[str, str] or an Optional of those."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
-    if hint is bool:
-        if not isinstance(value, bool):
-            _fail(key, f"must be true or false, got {value!r}")
-    elif hint is int:
-        if not isinstance(value, int) or isinstance(value, bool):
-            _fail(key, f"must be an integer, got {value!r}")
-    elif hint is float:
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            _fail(key, f"must be a number, got {value!r}")
-        return float(value)
-    elif hint is str:
-        if not isinstance(value, str):
-            _fail(key, f"must be a string, got {value!r}")
-    elif typing.get_origin(hint) is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            _fail(key, f"must be a mapping of strings to strings, got {value!r}")
-        return dict(value)
-    return value

@@ -1,0 +1,77 @@
+"""Typed params sections: the checks every params.yaml section shares (unknown keys, value types).
+
+A section is a dataclass deriving from `SectionConfig`: `from_dict` rejects unknown keys (naming them and the
+valid ones), treats null as "keep the default", and `check_types` (called from `__post_init__`) checks every
+value against its field's type hint. Range checks stay in each section's own `__post_init__`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, ClassVar
+
+from pipeline.errors import FSCILError
+
+
+def fail(section: str, key: str, why: str) -> typing.NoReturn:
+    raise FSCILError(f"params: {section + '.' if section else ''}{key} {why}")
+
+
+def check(cond: bool, section: str, key: str, why: str) -> None:
+    if not cond:
+        fail(section, key, why)
+
+
+def check_value(section: str, key: str, value: Any, hint: Any) -> Any:
+    """`value` checked against bool, int, float, str, list[...], dict[str, str] or an Optional of those."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        origin = typing.get_origin(hint)
+    if origin in (list, tuple):
+        check(isinstance(value, (list, tuple)), section, key, f"must be a list, got {value!r}")
+        item = typing.get_args(hint)[0]
+        return [check_value(section, key, v, item) for v in value]
+    if origin is dict:
+        check(isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()),
+              section, key, f"must be a mapping of strings to strings, got {value!r}")
+        return dict(value)
+    if hint is bool:
+        check(isinstance(value, bool), section, key, f"must be true or false, got {value!r}")
+    elif hint is int:
+        check(isinstance(value, int) and not isinstance(value, bool), section, key,
+              f"must be an integer, got {value!r}")
+    elif hint is float:
+        check(isinstance(value, (int, float)) and not isinstance(value, bool), section, key,
+              f"must be a number, got {value!r}")
+        return float(value)
+    elif hint is str:
+        check(isinstance(value, str), section, key, f"must be a string, got {value!r}")
+    return value
+
+
+class SectionConfig:
+    """Mixin for the params.yaml section dataclasses."""
+
+    section: ClassVar[str] = ""
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]):
+        if not isinstance(values, dict):
+            raise FSCILError(f"params: {cls.section} must be a mapping, got {type(values).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in values if k not in names]
+        if unknown:
+            raise FSCILError(f"params: unknown key {cls.section}.{unknown[0]} (valid: {', '.join(names)})")
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+    def check_types(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                setattr(self, f.name, check_value(self.section, f.name, value, hints[f.name]))
