@@ -18,6 +18,7 @@ from pipeline.data.checksums import digest_algorithm
 from pipeline.data.presets import PRESETS
 from pipeline.data.synthetic import COLOURS, SHAPES, TEXTURES
 from pipeline.config_fields import SectionConfig, fail
+from pipeline.errors import FSCILError
 
 DATASETS = ("synthetic", "cifar100", "mini_imagenet", "cub200", "class_folder")
 CEC_DATASETS = tuple(BENCHMARKS)
