@@ -43,6 +43,12 @@ def test_same_params_and_seed_give_identical_metrics(tiny_run, tmp_path):
         assert a["history"] == b["history"] and a["per_class_acc"] == b["per_class_acc"]
 
 
+def test_prepare_is_byte_identical_across_runs(tiny_run, tmp_path):
+    root, params, paths = tiny_run
+    run_stage("prepare", params, tmp_path)
+    assert (tmp_path / "pack.h5").read_bytes() == paths.pack.read_bytes()
+
+
 def test_another_seed_gives_another_model(tiny_run, tmp_path):
     _, _, paths = tiny_run
     params = write_params(tmp_path / "params.yaml", seed=1, data={"seed": 0})

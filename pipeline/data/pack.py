@@ -77,13 +77,16 @@ def _new_hash(n: int, size: int) -> hashlib._Hash:
 
 
 def write_pack(path: Path, content: PackContent) -> str:
-    """Stream `content` into an HDF5 pack at `path` (atomically); returns the content hash."""
+    """Stream `content` into an HDF5 pack at `path` (atomically); returns the content hash.
+
+    No modification times are stored, so the same content gives a byte-identical file (DVC's cache relies on it).
+    """
     labels = np.asarray(content.labels, dtype=np.int64)
     n, size = len(labels), int(content.image_size)
     h = _new_hash(n, size)
     with atomic_output(path) as tmp, h5py.File(tmp, "w") as f:
         images = f.create_dataset("images", shape=(n, size, size, 3), dtype=np.uint8,
-                                  chunks=(min(max(n, 1), chunk_rows(size)), size, size, 3))
+                                  chunks=(min(max(n, 1), chunk_rows(size)), size, size, 3), track_times=False)
         written = 0
         for chunk in content.images:
             chunk = np.asarray(chunk)
@@ -94,15 +97,17 @@ def write_pack(path: Path, content: PackContent) -> str:
             written += len(chunk)
         if written != n:
             raise RuntimeError(f"{written} images streamed for {n} labels")
-        f.create_dataset("labels", data=labels)
-        f.create_dataset("class_names", data=np.array(content.class_names, dtype=object), dtype=_STR)
+        f.create_dataset("labels", data=labels, track_times=False)
+        f.create_dataset("class_names", data=np.array(content.class_names, dtype=object), dtype=_STR,
+                         track_times=False)
         if content.source_keys is not None:
-            f.create_dataset("source_keys", data=np.array(content.source_keys, dtype=object), dtype=_STR)
+            f.create_dataset("source_keys", data=np.array(content.source_keys, dtype=object), dtype=_STR,
+                             track_times=False)
         group = f.create_group("protocol")
         for s in content.protocol.sessions:
-            group.create_dataset(f"session_classes_{s.index}", data=s.classes)
-            group.create_dataset(f"session_train_ids_{s.index}", data=s.train_ids)
-        group.create_dataset("test_ids", data=content.protocol.test_ids)
+            group.create_dataset(f"session_classes_{s.index}", data=s.classes, track_times=False)
+            group.create_dataset(f"session_train_ids_{s.index}", data=s.train_ids, track_times=False)
+        group.create_dataset("test_ids", data=content.protocol.test_ids, track_times=False)
         _hash_metadata(h, labels, content.class_names, content.protocol)
         digest = h.hexdigest()
         f.attrs["format_version"] = FORMAT_VERSION
