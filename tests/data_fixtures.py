@@ -117,3 +117,27 @@ def write_class_folder(root: Path, counts: dict[str, int], size: tuple[int, int]
             write_image(root / rel, pixels)
             written[rel] = pixels
     return written
+
+
+def assert_prepare_fails(data_params: dict, out: Path, message: str) -> None:
+    """The prepare stage rejects `data_params` with a one-line FSCILError matching `message`, both from the
+    library and from `fscil stage prepare` (exit code 2), and leaves no pack (nor a temporary) at `out`."""
+    import re
+
+    import yaml
+
+    from pipeline.errors import FSCILError
+    from stages.prepare import run
+    from tests.pipeline_fixtures import cli
+
+    with pytest.raises(FSCILError, match=message) as err:
+        run(data_params, out)
+    assert "\n" not in str(err.value)
+    import tempfile
+
+    params = Path(tempfile.mkdtemp()) / "params.yaml"
+    params.write_text(yaml.safe_dump({"preset": "synthetic", "data": {"image_size": None, **data_params}}))
+    result = cli("stage", "prepare", "--params", str(params), "--data-dir", str(out.parent))
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert result.exit_code == 2 and len(errors) == 1 and re.search(message, errors[0]), result.output
+    assert not out.exists() and not list(out.parent.glob(f".{out.name}*"))

@@ -11,7 +11,7 @@ import pytest
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError
 from stages.prepare import run
-from tests.data_fixtures import random_images, real_split_dir, write_cifar, write_split_files
+from tests.data_fixtures import assert_prepare_fails, random_images, real_split_dir, write_cifar, write_split_files
 
 NAMES = [f"c{k}" for k in range(10)]
 TRAIN_Y = np.repeat(np.arange(10), 6)  # indices 6c..6c+5 are class c
@@ -130,10 +130,7 @@ def test_bad_input_fails_cleanly(small: dict, tmp_path: Path, what: str | None, 
         sums = {f"cifar-100-python/{n}": hashlib.md5((raw / n).read_bytes()).hexdigest() for n in ("train", "meta")}
         overrides = {**overrides, "checksums": {**sums, "cifar-100-python/test": "0" * 64}}
     out = tmp_path / "out" / "pack.h5"
-    with pytest.raises(FSCILError, match=message) as err:
-        run({**small, **overrides}, out)
-    assert "\n" not in str(err.value)
-    assert not out.exists() and not list(out.parent.glob(".pack.h5*"))
+    assert_prepare_fails({**small, **overrides}, out, message)
 
 
 # ---- the real CEC index lists ---------------------------------------------------------------------------

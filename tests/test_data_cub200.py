@@ -13,9 +13,8 @@ from pipeline.data.assemble import assemble
 from pipeline.data.cec_splits import BENCHMARKS, read_cec_splits
 from pipeline.data.cub200 import read_cub200
 from pipeline.data.pack import ImagePack
-from pipeline.errors import FSCILError
 from stages.prepare import run
-from tests.data_fixtures import random_images, real_split_dir, write_cub, write_split_files
+from tests.data_fixtures import assert_prepare_fails, random_images, real_split_dir, write_cub, write_split_files
 
 CLASSES = {1: "001.Aaa", 2: "002.Bbb", 3: "003.Ccc", 4: "004.Ddd", 5: "005.Eee"}
 
@@ -111,10 +110,7 @@ def test_bad_input_fails_cleanly(tmp_path: Path, what: str, message: str) -> Non
     params = build_small(tmp_path)
     params.update(_break(tmp_path, what))
     out = tmp_path / "pack.h5"
-    with pytest.raises(FSCILError, match=message) as err:
-        run(params, out)
-    assert "\n" not in str(err.value)
-    assert not out.exists() and not list(tmp_path.glob(".pack.h5*"))
+    assert_prepare_fails(params, out, message)
 
 
 def test_real_cec_lists_give_100_plus_10x10x5(tmp_path: Path) -> None:

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipeline.errors import FSCILError
+
 
 @dataclass(frozen=True)
 class ProcessGroup:
@@ -29,7 +31,8 @@ class ProcessGroup:
 
     def local_slice(self, global_batch: int) -> slice:
         if global_batch % self.world_size:
-            raise ValueError(f"global batch {global_batch} is not divisible by {self.world_size} processes")
+            raise FSCILError(f"params: the global batch size {global_batch} is not divisible by the "
+                             f"{self.world_size} processes")
         per = global_batch // self.world_size
         return slice(self.rank * per, (self.rank + 1) * per)
 
@@ -130,7 +133,8 @@ def convert_global_batchnorm(module: nn.Module) -> nn.Module:
             setattr(new, name, tensor)  # parameters stay parameters, buffers stay buffers
         new.train(module.training)
         return new
-    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, GlobalBatchNorm2d):
+    global_kinds = (GlobalBatchNorm2d, nn.SyncBatchNorm)
+    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, global_kinds):
         raise TypeError(f"convert_global_batchnorm: {type(module).__name__} has no global-batch version")
     for name, child in module.named_children():
         converted = convert_global_batchnorm(child)
@@ -151,7 +155,5 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda":
         name = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        from pipeline.errors import FSCILError
-
         raise FSCILError(f"params: device {name} asked for but no CUDA device is available")
     return torch.device(name)
