@@ -158,7 +158,8 @@ def test_local_slices_tile_the_global_batch():
 # of a single process moves its final weights by ~1e-2 within 6 steps, as much as 1 vs 2 processes do, so rounding
 # could not be told from a bug. Here rounding stays ~1e-6 while breaking any of global BatchNorm, the shared
 # augmentation randoms or the loss scale moves tensors by >3e-4. Mixup and CutMix both occur.
-E2E_BASE = {"epochs": 3, "batch_size": 32, "lr": 0.001, "mixup_alpha": 0.8, "cutmix_alpha": 1.0, "mix_prob": 1.0}
+E2E_BASE = {"epochs": 3, "batch_size": 32, "lr": 0.001, "dr_scale": 1.0,
+            "mixup_alpha": 0.8, "cutmix_alpha": 1.0, "mix_prob": 1.0}
 E2E_TOL = 1e-5
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
