@@ -23,4 +23,5 @@ def run(paths: StagePaths, metrics_path: Path) -> dict:
     """Collect session 0 (the base stage) and every incremental session of the protocol; all must be done."""
     base = _read(paths.base / "metrics.json")
     results = [base] + [_read(paths.session(s) / "metrics.json") for s in range(1, int(base["num_sessions"]))]
-    return write_report(results, metrics_path, paths.report)
+    title = f"Mamba-FSCIL: {base.get('projector', '?')} projector, {base.get('preset', '?')} preset"
+    return write_report(results, metrics_path, paths.report, title)

@@ -78,8 +78,15 @@ def test_zero_initialised_gate_gives_zero_output():
 
 
 def test_mlp_branch_has_gate_but_no_ssm_parameters():
-    mu, aux = MLPBranch(C, HW, DIMS)(_maps(), return_aux=True)
+    branch = MLPBranch(C, HW, DIMS)
+    f = _maps()
+    mu, aux = branch(f, return_aux=True)
     assert mu.shape == (5, 16) and set(aux) == {"z"}
+    # residual token MLP in place of the scan (the skip stands for the scan's D * u term), then the same gate
+    tok = branch.p_mlp(f).flatten(2).transpose(1, 2) + branch.pos_embed
+    x, z = branch.in_proj(tok).chunk(2, dim=-1)
+    x = F.silu(branch.conv(x.transpose(1, 2).reshape(5, -1, *HW))).flatten(2).transpose(1, 2)
+    torch.testing.assert_close(mu, ((x + branch.mlp(x)) * F.silu(z)).mean(1))
 
 
 @pytest.mark.parametrize("kind", sorted(PROJECTOR_KINDS))

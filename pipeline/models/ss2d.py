@@ -129,7 +129,9 @@ class SS2DBranch(BranchBase):
 class MLPBranch(BranchBase):
     """Baseline branch (paper table "ablation", row 1): a token-wise 3-layer MLP in place of the selective scan.
 
-    Keeps the gate stream Z (so the suppression loss applies) but generates no B / C / Delta.
+    y = x + MLP(x): the skip plays the part of the scan's D * u term (D = 1 at initialisation), so both branches
+    start with outputs of the same scale. Keeps the gate stream Z (so the suppression loss applies) but generates
+    no B / C / Delta.
     """
 
     def __init__(self, in_channels: int, feature_hw: tuple[int, int], dims: BranchDims, zero_init_gate: bool = False):
@@ -139,4 +141,5 @@ class MLPBranch(BranchBase):
                                  nn.Linear(di, di))
 
     def mix(self, x: torch.Tensor, hw: tuple[int, int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return self.mlp(x.flatten(2).transpose(1, 2)), {}
+        tokens = x.flatten(2).transpose(1, 2)  # (N, L, D_inner)
+        return tokens + self.mlp(tokens), {}

@@ -29,6 +29,7 @@ from pipeline.training.checkpoint import file_sha256, load_checkpoint, read_meta
 from pipeline.training.distributed import (
     all_reduce_sum,
     barrier,
+    cleanup,
     convert_global_batchnorm,
     init_process_group,
     resolve_device,
@@ -217,10 +218,12 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
                 "model": cfg.to_dict()["model"], "input_size": preset.input_size, "preset": pack.preset,
                 "num_classes": protocol.num_classes, "seed": cfg.seed,
             })
-            result = {"session": 0, **metrics, "train_loss": history, "epochs": cfg.base.epochs,
+            result = {"session": 0, **metrics, "preset": cfg.preset, "projector": cfg.model.projector,
+                      "train_loss": history, "epochs": cfg.base.epochs,
                       "steps": total_steps, "world_size": group.world_size,
                       "num_sessions": len(protocol.sessions),
                       "seconds": round(time.time() - started, 2)}
             (out_dir / "metrics.json").write_text(json.dumps(result, indent=2))
         barrier(group)
+    cleanup(group)
     return result
