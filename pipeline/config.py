@@ -167,6 +167,8 @@ class IncrementalConfig(SectionConfig):
     mixup_prob: float = 0.0
     """Feature-mixup probability per batch (0: off)."""
     dr_scale: float = 1.0
+    grad_clip_norm: float | None = None
+    """Clip the gradient norm of g_inc to this value each step (null: no clipping, the paper's setting)."""
     eval_batch_size: int = 512
 
     def __post_init__(self):
@@ -183,6 +185,8 @@ class IncrementalConfig(SectionConfig):
         check(0 <= self.mixup_prob <= 1, "incremental", "mixup_prob", "must be in [0, 1]")
         for key in ("lambda1", "lambda2", "lambda3"):
             check(getattr(self, key) >= 0, "incremental", key, "must be >= 0")
+        check(self.grad_clip_norm is None or self.grad_clip_norm > 0, "incremental", "grad_clip_norm",
+              "must be > 0 or null")
 
     def session_value(self, key: str, session: int) -> int:
         """`steps` / `base_copy` of incremental session `session` (1-based): per-session lists or one value."""

@@ -142,3 +142,21 @@ def test_stage_paths_are_the_dvc_layout():
     dvc = (REPO / "dvc.yaml").read_text()
     for path in (paths.pack, paths.base, paths.features, paths.session(1), paths.report):
         assert str(path) in dvc
+
+
+@pytest.mark.parametrize("clip", [None, 1e-3])
+def test_gradient_clipping_bounds_the_first_update(tiny_run, tmp_path, clip):
+    _, _, paths = tiny_run
+    data = tmp_path / "data"
+    shutil.copytree(paths.data_dir, data, ignore=shutil.ignore_patterns("sessions", "report", "pack.h5"))
+    params = write_params(tmp_path / "params.yaml", incremental={
+        "steps": [1], "warmup_steps": 0, "lr": 1.0, "weight_decay": 0.0, "grad_clip_norm": clip})
+    run_stage("incremental", params, data, "--session", "1")
+    base, _ = load_checkpoint(data / "base" / "model.safetensors")
+    after, _ = load_checkpoint(data / "sessions" / "session_1" / "state.safetensors")
+    step = torch.cat([(after[k] - base["projector.g_inc." + k[len("adapting."):]]).flatten()
+                      for k in after if k.startswith("adapting.")]).norm().item()
+    if clip is None:
+        assert step > 1e-2  # the unclipped gradient is far larger than the clip below
+    else:
+        assert step == pytest.approx(clip, rel=1e-3)  # lr 1 x gradient clipped to norm 1e-3

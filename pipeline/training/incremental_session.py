@@ -142,9 +142,12 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
             sep = inc.lambda3 * separation_loss(out.aux, is_base)  # eq. loss_sep
         loss = cls + supp + sep  # eq. optim_inc
         if not torch.isfinite(loss):
-            raise FSCILError(f"session {session}: non-finite loss at step {step + 1}; nothing written")
+            raise FSCILError(f"session {session}: non-finite loss at step {step + 1}; nothing written "
+                             "(lower incremental.lr or lambda1, or set incremental.grad_clip_norm)")
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if inc.grad_clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(trainable, inc.grad_clip_norm)
         opt.step()
         for key, value in (("loss", loss), ("cls", cls), ("supp", supp), ("sep", sep)):
             history[key].append(round(value.item(), 6))
