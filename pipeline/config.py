@@ -255,6 +255,15 @@ def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def preset_model_config(preset: str, overrides: dict[str, Any]) -> tuple[ModelConfig, dict[str, Any]]:
+    """A preset's model section with non-null `overrides`, validated alone (the preset's data paths are not needed).
+
+    Returns (ModelConfig, the merged params as plain dicts).
+    """
+    merged = resolve_params({"preset": preset, "model": {k: v for k, v in overrides.items() if v is not None}})
+    return ModelConfig.from_dict(merged["model"]), merged
+
+
 def build_config(params: dict[str, Any]) -> Config:
     merged = resolve_params(params)
     seed = merged.get("seed", 0)

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from pipeline.config import ModelConfig, resolve_params
+from pipeline.config import preset_model_config
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -25,8 +25,7 @@ def benchmark_branch(preset: str, overrides: dict, batch: int, channels: int, hw
     from pipeline.models.fscil import branch_dims
     from pipeline.models.projector import PROJECTOR_KINDS
 
-    merged = resolve_params({"preset": preset, "model": {k: v for k, v in overrides.items() if v is not None}})
-    cfg = ModelConfig.from_dict(merged["model"])
+    cfg, _ = preset_model_config(preset, overrides)
     torch.manual_seed(0)
     branch = PROJECTOR_KINDS[cfg.projector].branch(channels, (hw, hw), branch_dims(cfg)).to(device)
     f = torch.randn(batch, channels, hw, hw, device=device)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pipeline.config import ModelConfig, resolve_params
+from pipeline.config import preset_model_config
 from pipeline.errors import FSCILError
 
 # total classes of each benchmark (the synthetic default's comes from its data section)
@@ -20,9 +20,7 @@ def summarise_model(preset: str, overrides: dict, num_classes: int | None = None
     from pipeline.data.presets import get_preset
     from pipeline.models.fscil import build_model
 
-    # only the model section is validated: the preset's data paths are not needed to count parameters
-    merged = resolve_params({"preset": preset, "model": {k: v for k, v in overrides.items() if v is not None}})
-    model_cfg = ModelConfig.from_dict(merged["model"])
+    model_cfg, merged = preset_model_config(preset, overrides)
     dataset = merged["data"].get("dataset", "synthetic")
     if num_classes is None:
         num_classes = DATASET_CLASSES.get(dataset, 100)
