@@ -12,8 +12,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from pipeline.errors import FSCILError
+from pipeline.file_digest import file_digest
 from pipeline.models.backbones import Backbone, build_backbone, load_pretrained, resnet12, resnet18, vit_b16
-from pipeline.models.backbones.pretrained import file_sha256
 
 # (registry name, constructor kwargs, input side): small enough for 2 CPU cores
 SMALL = {
@@ -155,7 +155,7 @@ def test_safetensors_round_trip_with_sha256(tmp_path: Path) -> None:
     path = tmp_path / "resnet12.safetensors"
     save_file(trained_state(source, 32), str(path))
     torch.manual_seed(1)
-    loaded = resnet12(widths, pretrained=str(path), pretrained_sha256=file_sha256(path).upper())
+    loaded = resnet12(widths, pretrained=str(path), pretrained_sha256=file_digest(path).upper())
     x = images(2, 32)
     with torch.no_grad():
         assert torch.equal(loaded.eval()(x), source.eval()(x))

@@ -10,22 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline.errors import FSCILError
+from pipeline.file_digest import file_digest
 
 _ALGO_BY_LENGTH = {32: "md5", 64: "sha256"}
-
-
-def file_digest(path: Path, algo: str = "sha256") -> str:
-    """Hex digest of a file, read in 1 MiB blocks."""
-    h = hashlib.new(algo)
-    try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    except FileNotFoundError:
-        raise FSCILError(f"missing file {path}") from None
-    except OSError as err:
-        raise FSCILError(f"unreadable file {path}: {err.strerror}") from None
-    return h.hexdigest()
 
 
 def digest_algorithm(expected: str) -> str:

@@ -23,9 +23,10 @@ from pipeline.data.mixing import mixup_cutmix
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.errors import FSCILError
+from pipeline.file_digest import file_digest
 from pipeline.losses.classification import CLASSIFICATION_LOSSES, mixed_loss
 from pipeline.models.fscil import FSCILModel, build_model
-from pipeline.training.checkpoint import file_sha256, load_checkpoint, read_metadata, save_checkpoint
+from pipeline.training.checkpoint import load_checkpoint, read_metadata, save_checkpoint
 from pipeline.training.distributed import (
     all_reduce_sum,
     barrier,
@@ -60,7 +61,7 @@ def load_base_model(cfg, base_dir: Path, pack_hash: str | None = None) -> tuple[
     tensors, meta = load_checkpoint(path, expect)
     model = build_model(cfg.model, meta["num_classes"], meta["input_size"], seed=cfg.seed)
     model.load_state_dict(tensors)
-    return model, meta, file_sha256(path)
+    return model, meta, file_digest(path)
 
 
 class _BaseNet(nn.Module):
@@ -153,8 +154,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
         loss_fn = CLASSIFICATION_LOSSES[cfg.model.classifier]
         steps_per_epoch = len(train_ids) // batch
         total_steps = cfg.base.epochs * steps_per_epoch
-        meta = {"kind": "base-resume", "config": config_digest(cfg), "data": pack.content_hash,
-                "world_size_independent": True}
+        meta = {"kind": "base-resume", "config": config_digest(cfg), "data": pack.content_hash}
         start_epoch, history = 0, []
         ckpt = Path(checkpoint_dir) / RESUME_FILE
         if ckpt.is_file():

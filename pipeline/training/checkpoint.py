@@ -6,7 +6,6 @@ expects (another config, another data pack), naming the mismatching key.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -19,14 +18,6 @@ from pipeline.atomic import atomic_output
 from pipeline.errors import FSCILError
 
 _META_KEY = "fscil"
-
-
-def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def save_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:

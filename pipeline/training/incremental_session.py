@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from pipeline.errors import FSCILError
+from pipeline.file_digest import file_digest
 from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
 from pipeline.losses.classification import CLASSIFICATION_LOSSES, mixed_loss
 from pipeline.losses.feature_mixup import feature_mixup
@@ -26,16 +27,9 @@ from pipeline.models.fscil import build_head
 from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMeanMemory
 from pipeline.training.base_session import MODEL_FILE, config_digest
-from pipeline.training.checkpoint import (
-    file_sha256,
-    load_checkpoint,
-    prefixed,
-    read_metadata,
-    save_checkpoint,
-    unprefixed,
-)
+from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed
 from pipeline.training.distributed import resolve_device
-from pipeline.training.evaluate import session_metrics
+from pipeline.training.evaluate import predict, session_metrics
 from pipeline.training.schedule import set_lr, warmup_cosine
 
 STATE_FILE = "state.safetensors"
@@ -67,12 +61,10 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     started = time.time()
     device = resolve_device(cfg.device)
     base_ckpt = Path(base_dir) / MODEL_FILE
-    base_meta = read_metadata(base_ckpt)
-    store = FeatureStore.open(store_path, checkpoint_sha256=file_sha256(base_ckpt))
+    tensors, base_meta = load_checkpoint(base_ckpt, {"kind": "base-model", "config": config_digest(cfg)})
+    store = FeatureStore.open(store_path, pack_hash=base_meta["data"], checkpoint_sha256=file_digest(base_ckpt))
     _check_session(session, int(store.attrs["num_sessions"]), prev_dir)
     digest = config_digest(cfg, SECTIONS)
-    tensors, _ = load_checkpoint(base_ckpt, {"kind": "base-model", "config": config_digest(cfg),
-                                             "data": store.attrs["pack_hash"]})
     c, h, w = store.map_shape
     num_classes = int(base_meta["num_classes"])
     projector, classifier = build_head(cfg.model, c, (h, w), num_classes)
@@ -180,9 +172,6 @@ def evaluate_session(projector, classifier, store: FeatureStore, num_seen: int, 
     projector.eval()
     classifier.eval()
     maps, labels = store.test_set(max_label=num_seen)
-    preds = []
-    for start in range(0, len(labels), batch_size):
-        f = torch.from_numpy(maps[start:start + batch_size]).to(device)
-        preds.append(classifier(projector(f, mode="incremental").mu, num_seen).argmax(1).cpu())
-    pred = torch.cat(preds).numpy() if preds else np.zeros(0, dtype=np.int64)
+    batches = (torch.from_numpy(maps[i:i + batch_size]).to(device) for i in range(0, len(labels), batch_size))
+    pred = predict(lambda f: classifier(projector(f, mode="incremental").mu, num_seen), batches)
     return session_metrics(pred, labels, num_base, num_seen)

@@ -5,7 +5,6 @@ Nothing here downloads: pretrained weights are a file the user points to (and, i
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 from pathlib import Path
@@ -16,6 +15,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from pipeline.errors import FSCILError
+from pipeline.file_digest import file_digest
 
 # wrappers added by DDP / mmcls / our own timm wrapper; stripped only while a key does not match as is
 STRIP_PREFIXES = ("module.", "backbone.", "model.")
@@ -26,22 +26,13 @@ WRAPPER_KEYS = ("state_dict", "model", "module")
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 
 
-def file_sha256(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def read_state_dict(path: str | os.PathLike[str], sha256: str | None = None) -> dict[str, torch.Tensor]:
     """Read a flat name -> tensor dict from `path` (on CPU), after checking its sha256 when given."""
     path = Path(path)
     if not path.is_file():
         raise FSCILError(f"pretrained weights file not found: {path}")
     if sha256 is not None:
-        actual = file_sha256(path)
+        actual = file_digest(path)
         if actual != sha256.strip().lower():
             raise FSCILError(f"{path}: sha256 mismatch (expected {sha256.strip().lower()}, got {actual})")
     suffix = path.suffix.lower()
