@@ -9,12 +9,32 @@ import pandas as pd
 
 from pipeline.atomic import atomic_output, atomic_write_text
 
+ACCURACIES = ("acc", "base_acc", "novel_acc")
+PROTOTYPE_SPACES = ("backbone", "projector")  # the NCM baselines of pipeline/training/prototype.py
+
+
+def prototype_columns(space: str) -> dict[str, str]:
+    """sessions.csv column of each accuracy of one prototype baseline: {"acc": "proto_backbone_acc", ...}."""
+    return {name: f"proto_{space}_{name}" for name in ACCURACIES}
+
+
+def _prototype_row(result: dict, session0: dict | None) -> dict:
+    """The prototype columns of one session; NaN where its metrics predate the baseline."""
+    proto = result.get("prototype", session0 if result["session"] == 0 else None) or {}
+    return {column: proto.get(space, {}).get(name) for space in PROTOTYPE_SPACES
+            for name, column in prototype_columns(space).items()}
+
 
 def session_table(results: list[dict]) -> pd.DataFrame:
-    """One row per session (0 = base), ordered by session."""
+    """One row per session (0 = base), ordered by session, with the prototype baselines' accuracies. Session 0's
+    come from session 1's `prototype_session0` (the base stage has no feature store)."""
+    session0 = next((r.get("prototype_session0") for r in results if r["session"] == 1), None)
     rows = [{"session": r["session"], "acc": r["acc"], "base_acc": r["base_acc"], "novel_acc": r["novel_acc"],
-             "num_seen_classes": r["num_seen_classes"], "num_test": r["num_test"]} for r in results]
+             "num_seen_classes": r["num_seen_classes"], "num_test": r["num_test"], **_prototype_row(r, session0)}
+            for r in results]
     table = pd.DataFrame(rows).sort_values("session").reset_index(drop=True)
+    proto = [column for space in PROTOTYPE_SPACES for column in prototype_columns(space).values()]
+    table[proto] = table[proto].astype(float)
     expected = list(range(len(table)))
     if table["session"].tolist() != expected:
         raise ValueError(f"sessions {table['session'].tolist()} are not 0..{len(table) - 1}")
@@ -35,6 +55,17 @@ def summarise(table: pd.DataFrame) -> dict:
     }
 
 
+def summarise_prototypes(table: pd.DataFrame) -> dict:
+    """`summarise` of each prototype baseline; {} unless every session has it (older session metrics lack it)."""
+    summaries = {}
+    for space in PROTOTYPE_SPACES:
+        columns = prototype_columns(space)
+        if table[columns["acc"]].notna().all():
+            renamed = table[["session", *columns.values()]].rename(columns={v: k for k, v in columns.items()})
+            summaries[space] = summarise(renamed)
+    return summaries
+
+
 def plot_accuracy(table: pd.DataFrame, path: Path, title: str) -> None:
     import matplotlib
 
@@ -44,6 +75,10 @@ def plot_accuracy(table: pd.DataFrame, path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for column, label in (("acc", "all seen classes"), ("base_acc", "base classes"), ("novel_acc", "novel classes")):
         ax.plot(table["session"], table[column], marker="o", label=label)
+    proto = prototype_columns("backbone")["acc"]
+    if table[proto].notna().any():
+        ax.plot(table["session"], table[proto], linestyle="--", marker="x", color="gray",
+                label="prototype (backbone NCM)")
     ax.set_xlabel("session")
     ax.set_ylabel("accuracy (%)")
     ax.set_title(title)
@@ -57,9 +92,13 @@ def plot_accuracy(table: pd.DataFrame, path: Path, title: str) -> None:
 
 
 def write_report(results: list[dict], metrics_path: Path, out_dir: Path, title: str = "Mamba-FSCIL") -> dict:
-    """Write metrics.json, out_dir/sessions.csv and out_dir/accuracy.png; returns the summary."""
+    """Write metrics.json (with the prototype baselines' summaries under "prototype" when every session has them),
+    out_dir/sessions.csv and out_dir/accuracy.png; returns the summary."""
     table = session_table(results)
     summary = summarise(table)
+    prototype = summarise_prototypes(table)
+    if prototype:
+        summary["prototype"] = prototype
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_output(out_dir / "sessions.csv") as tmp:
         table.to_csv(tmp, index=False)

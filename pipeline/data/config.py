@@ -20,12 +20,13 @@ from pipeline.data.synthetic import COLOURS, SHAPES, TEXTURES
 from pipeline.config_fields import SectionConfig, fail
 from pipeline.errors import FSCILError
 
-DATASETS = ("synthetic", "cifar100", "mini_imagenet", "cub200", "class_folder")
+DATASETS = ("synthetic", "cifar100", "mini_imagenet", "cub200", "class_folder", "omniglot")
 CEC_DATASETS = tuple(BENCHMARKS)
 # (base_classes, ways, shots, sessions) when left null; class_folder's base None = all remaining classes
 _DEFAULT_SHAPE = {
     "synthetic": (60, 5, 5, 8),
     "class_folder": (None, 5, 5, 8),
+    "omniglot": (60, 5, 5, 8),
     **{name: (b.base_classes, b.ways, b.shots, b.sessions) for name, b in BENCHMARKS.items()},
 }
 MAX_SYNTHETIC_CLASSES = len(SHAPES) * len(COLOURS) * len(TEXTURES)
@@ -42,14 +43,14 @@ class DataConfig(SectionConfig):
     section: typing.ClassVar[str] = "data"
 
     dataset: str = "synthetic"
-    """synthetic | cifar100 | mini_imagenet | cub200 | class_folder."""
+    """synthetic | cifar100 | mini_imagenet | cub200 | class_folder | omniglot."""
     root: str | None = None
     """Raw data folder (cifar100: holds cifar-100-python/; mini_imagenet: images/ + split/; cub200: CUB_200_2011;
-    class_folder: root/<class>/<image>). Unused for synthetic."""
+    class_folder: root/<class>/<image>; omniglot: an official zip or its extracted folder). Unused for synthetic."""
     split_dir: str | None = None
     """CEC index-list folder of this dataset (session_1.txt ...); required for cifar100, mini_imagenet, cub200."""
     image_size: int | None = None
-    """Stored image side in pixels (null: the preset's, 32 / 84 / 224 / 84 for class_folder)."""
+    """Stored image side in pixels (null: the preset's, 32 / 84 / 224 / 84 for class_folder / 32 for omniglot)."""
     verify_checksums: bool = True
     """Check source files: CIFAR-100's official md5 sums, plus every entry of `checksums`."""
     checksums: dict[str, str] | None = None
@@ -63,9 +64,9 @@ class DataConfig(SectionConfig):
     sessions: int | None = None
     """Number of incremental sessions (null: the benchmark's)."""
     test_fraction: float = 0.2
-    """class_folder: fraction of each class's images held out for testing (at least one)."""
+    """class_folder, omniglot: fraction of each class's images held out for testing (at least one)."""
     shuffle_classes: bool = True
-    """class_folder: seeded class order (else sorted by name) decides which classes are base."""
+    """class_folder, omniglot: seeded class order (else sorted by name) decides which classes are base."""
     train_per_class: int = 100
     """synthetic: training images per base class."""
     novel_pool_per_class: int = 20

@@ -18,6 +18,7 @@ from pipeline.data.class_folder import class_folder_protocol, read_class_folder
 from pipeline.data.config import DataConfig
 from pipeline.data.cub200 import read_cub200
 from pipeline.data.mini_imagenet import read_mini_imagenet
+from pipeline.data.omniglot import read_omniglot
 from pipeline.data.pack import PackContent, write_pack
 from pipeline.data.source import SourceDataset
 from pipeline.data.synthetic import SyntheticSpec, synthetic_pack_content
@@ -58,12 +59,17 @@ def shape_is_standard(cfg: DataConfig) -> bool:
     return cfg.protocol_shape() == (b.base_classes, b.ways, b.shots, b.sessions)
 
 
-def _class_folder(cfg: DataConfig) -> PackContent:
-    base, ways, shots, sessions = cfg.protocol_shape()
-    source, train_sessions = class_folder_protocol(read_class_folder(Path(cfg.root)), base, ways, shots, sessions,
-                                                   cfg.test_fraction, cfg.seed, cfg.shuffle_classes)
-    return assemble(source, train_sessions, cfg.resolved_image_size, cfg.dataset, _config_provenance(cfg),
-                    ways, shots)
+def _seeded_protocol(read: Callable[[DataConfig], SourceDataset]) -> Callable[[DataConfig], PackContent]:
+    """Builder for a dataset without official FSCIL splits: the protocol is drawn from the seed."""
+
+    def build(cfg: DataConfig) -> PackContent:
+        base, ways, shots, sessions = cfg.protocol_shape()
+        source, train_sessions = class_folder_protocol(read(cfg), base, ways, shots, sessions, cfg.test_fraction,
+                                                       cfg.seed, cfg.shuffle_classes)
+        return assemble(source, train_sessions, cfg.resolved_image_size, cfg.dataset, _config_provenance(cfg),
+                        ways, shots)
+
+    return build
 
 
 BUILDERS: dict[str, Callable[[DataConfig], PackContent]] = {
@@ -72,7 +78,8 @@ BUILDERS: dict[str, Callable[[DataConfig], PackContent]] = {
     "mini_imagenet": _with_cec_splits(
         lambda c: read_mini_imagenet(Path(c.root), Path(c.split_dir), c.verify_checksums, c.checksums)),
     "cub200": _with_cec_splits(lambda c: read_cub200(Path(c.root), c.verify_checksums, c.checksums)),
-    "class_folder": _class_folder,
+    "class_folder": _seeded_protocol(lambda c: read_class_folder(Path(c.root))),
+    "omniglot": _seeded_protocol(lambda c: read_omniglot(Path(c.root), c.verify_checksums, c.checksums)),
 }
 
 

@@ -65,6 +65,11 @@ PRESETS: dict[str, ImagePreset] = {
     "mini_imagenet": ImagePreset("mini_imagenet", 84, 84, 96, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0)),
     "cub200": ImagePreset("cub200", 224, 224, 256, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0)),
     "class_folder": ImagePreset("class_folder", 84, 84, 96, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0)),
+    # omniglot: binary strokes on white, grayscale replicated; statistics measured on background_small1 at 32 px.
+    # No flip (a mirrored character can be another one) and no colour jitter; mild crops keep the strokes.
+    "omniglot": ImagePreset("omniglot", 32, 32, 32, mean=(0.923, 0.923, 0.923), std=(0.221, 0.221, 0.221),
+                            crop_scale=(0.7, 1.0), crop_ratio=(0.8, 1.25), flip_prob=0.0, brightness=0.0,
+                            contrast=0.0, saturation=0.0),
 }
 
 

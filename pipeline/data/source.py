@@ -2,11 +2,15 @@
 
 Every reader (cifar100, mini_imagenet, cub200, class_folder) returns one. Samples keep their source
 order and their source labels; relabelling into the session-ordered convention happens in `assemble.py`.
-Images come either from files (`paths`) or from an in-memory uint8 array (`arrays`, CIFAR).
+Images come either from files (`paths`, optionally members of a zip `archive`, Omniglot) or from an in-memory
+uint8 array (`arrays`, CIFAR).
 """
 
 from __future__ import annotations
 
+import io
+import threading
+import zipfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -26,10 +30,11 @@ def one_line(err: BaseException | str) -> str:
     return " ".join(str(err).split())
 
 
-def decode_rgb(path: Path) -> Image.Image:
-    """Open an image file as RGB, raising FSCILError naming the file if it is missing or corrupt."""
+def decode_rgb(path: Path, data: bytes | None = None) -> Image.Image:
+    """Open an image file (or its bytes `data`) as RGB (grayscale replicated), raising FSCILError naming the file if
+    it is missing or corrupt."""
     try:
-        with Image.open(path) as img:
+        with Image.open(path if data is None else io.BytesIO(data)) as img:
             img.load()
             return img.convert("RGB")
     except FileNotFoundError:
@@ -64,7 +69,8 @@ class SourceDataset:
     labels: (N,) int64 source labels.
     is_train: (N,) bool, True for the source's training split.
     keys: (N,) how split files refer to a sample (CIFAR: train index; mini: file name; CUB: relative path).
-    paths: (N,) image files, for file-backed sources.
+    paths: (N,) image files, for file-backed sources (members of `archive` when it is set).
+    archive: a zip file holding `paths` as member names (posix), or None for files on disk.
     arrays: (N, H, W, 3) uint8 images, for array-backed sources.
     provenance: source files and their checksums, stored in the pack.
     """
@@ -78,6 +84,7 @@ class SourceDataset:
     paths: list[Path] | None = None
     arrays: np.ndarray | None = None
     provenance: dict[str, Any] = field(default_factory=dict)
+    archive: Path | None = None
 
     def __post_init__(self) -> None:
         self.labels = np.asarray(self.labels, dtype=np.int64)
@@ -102,11 +109,30 @@ class SourceDataset:
 
     def describe(self, i: int) -> str:
         """Human-readable location of sample i for error messages."""
+        if self.archive is not None:
+            return f"{self.archive}:{self.paths[i]}"
         if self.paths is not None:
             return str(self.paths[i])
         return f"{self.root} sample {i}"
 
+    @cached_property
+    def _members(self) -> set[str]:
+        with zipfile.ZipFile(self.archive) as zf:
+            return set(zf.namelist())
+
+    @cached_property
+    def _zip_local(self) -> threading.local:
+        return threading.local()  # one open ZipFile per decoding thread
+
+    def _read_member(self, i: int) -> bytes:
+        local = self._zip_local
+        if getattr(local, "zf", None) is None:
+            local.zf = zipfile.ZipFile(self.archive)
+        return local.zf.read(Path(self.paths[i]).as_posix())
+
     def has_image(self, i: int) -> bool:
+        if self.archive is not None:
+            return Path(self.paths[i]).as_posix() in self._members
         return self.arrays is not None or self.paths[i].is_file()
 
     def load(self, i: int, size: int) -> np.ndarray:
@@ -116,6 +142,8 @@ class SourceDataset:
             if arr.shape[:2] == (size, size):
                 return np.ascontiguousarray(arr, dtype=np.uint8)
             return fit_square(Image.fromarray(arr), size)
+        if self.archive is not None:
+            return fit_square(decode_rgb(Path(self.describe(i)), self._read_member(i)), size)
         return fit_square(decode_rgb(self.paths[i]), size)
 
 

@@ -30,6 +30,7 @@ from pipeline.training.base_session import MODEL_FILE, config_digest
 from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed
 from pipeline.training.distributed import resolve_device
 from pipeline.training.evaluate import predict, session_metrics
+from pipeline.training.prototype import base_prototype_metrics, prototype_metrics
 from pipeline.training.schedule import set_lr, warmup_cosine
 
 STATE_FILE = "state.safetensors"
@@ -148,6 +149,11 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         raise RuntimeError("frozen projector parts changed during an incremental session")
 
     metrics = evaluate_session(projector, classifier, store, num_seen, num_base, device, inc.eval_batch_size)
+    prototype = {"prototype": prototype_metrics(projector, store, memory.maps, memory.classes, shots, shot_labels,
+                                                num_seen, num_base, device, inc.eval_batch_size)}
+    if session == 1:  # the base stage has no feature store: session 1 reports the base session's NCM baseline
+        prototype["prototype_session0"] = base_prototype_metrics(cfg.model, tensors, store, device,
+                                                                 inc.eval_batch_size)
     memory = memory.added(shots, shot_labels)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +166,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     })
     result = {"session": session, **metrics, "steps": steps, "train_samples": int(len(y_all)),
               "final_loss": history["loss"][-1] if steps else None, "history": history,
-              "frozen_sha256": frozen_before, "seconds": round(time.time() - started, 2)}
+              "frozen_sha256": frozen_before, **prototype, "seconds": round(time.time() - started, 2)}
     (out_dir / METRICS_FILE).write_text(json.dumps(result, indent=2))
     return result
 
