@@ -53,9 +53,14 @@ def _config(params: Path):
     from pipeline.config import load_config
 
     try:
-        return load_config(params)
+        cfg = load_config(params)
     except FSCILError as err:
         _fail(str(err), FSCILError.exit_code)
+    # CPU results depend on the intra-op thread count (reductions split differently), so it is a param
+    import torch
+
+    torch.set_num_threads(cfg.threads)
+    return cfg
 
 
 def _paths(data_dir: Path):

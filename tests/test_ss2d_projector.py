@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.models.projector import PROJECTOR_KINDS, Projector
-from pipeline.models.ss2d import BranchDims, MLPBranch, SS2DBranch, mamba_dt_bias
+from pipeline.models.ss2d import BranchDims, MLPBranch, SS2DBranch, mamba_dt_bias, ssm_mixer_parameters
 from pipeline.ops.cross_scan import cross_merge, cross_scan
 from pipeline.ops.selective_scan import selective_scan
 
@@ -82,11 +82,26 @@ def test_mlp_branch_has_gate_but_no_ssm_parameters():
     f = _maps()
     mu, aux = branch(f, return_aux=True)
     assert mu.shape == (5, 16) and set(aux) == {"z"}
-    # residual token MLP in place of the scan (the skip stands for the scan's D * u term), then the same gate
+    # a plain token MLP in place of the scan (the paper's baseline), then the same gate
     tok = branch.p_mlp(f).flatten(2).transpose(1, 2) + branch.pos_embed
     x, z = branch.in_proj(tok).chunk(2, dim=-1)
     x = F.silu(branch.conv(x.transpose(1, 2).reshape(5, -1, *HW))).flatten(2).transpose(1, 2)
-    torch.testing.assert_close(mu, ((x + branch.mlp(x)) * F.silu(z)).mean(1))
+    torch.testing.assert_close(mu, (branch.mlp(x) * F.silu(z)).mean(1))
+
+
+@pytest.mark.parametrize("dims", [DIMS, BranchDims(dim=128, d_state=16, dt_rank=16), BranchDims()])
+def test_mlp_baseline_matches_the_ssm_mixer_budget(dims):
+    ssm, mlp = SS2DBranch(C, HW, dims), MLPBranch(C, HW, dims)
+    mixer = sum(p.numel() for n, p in ssm.named_parameters() if n.split(".")[0] in
+                ("x_proj_weight", "dt_proj_weight", "dt_proj_bias", "A_log", "D"))
+    assert mixer == ssm_mixer_parameters(dims)
+    budget = sum(p.numel() for p in mlp.mlp.parameters())
+    h = mlp.mlp[0].out_features
+    step = 2 * h + 2 * dims.d_inner + 3  # what one more hidden unit costs: the nearest width is within half of it
+    assert abs(budget - mixer) <= step / 2 + 1, (budget, mixer)
+    # the branches around the mixer are identical, so whole branches differ by the same small amount
+    rest = lambda b, skip: sum(p.numel() for n, p in b.named_parameters() if not n.startswith(skip))  # noqa: E731
+    assert rest(ssm, ("x_proj", "dt_proj", "A_log", "D")) == rest(mlp, "mlp.")
 
 
 @pytest.mark.parametrize("kind", sorted(PROJECTOR_KINDS))

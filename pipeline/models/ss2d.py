@@ -126,20 +126,41 @@ class SS2DBranch(BranchBase):
         return y, aux
 
 
+def ssm_mixer_parameters(dims: BranchDims) -> int:
+    """Parameters of SS2DBranch's selective-scan mixer (x_proj, dt_proj, A_log, D): what the MLP baseline matches."""
+    k, di, n, r = dims.k_paths, dims.d_inner, dims.d_state, dims.dt_rank
+    return k * (r + 2 * n) * di + k * (di * r + di) + k * di * n + k * di
+
+
+def matched_mlp_hidden(dims: BranchDims) -> int:
+    """Hidden width h of a 3-layer MLP d -> h -> h -> d (with biases) whose parameter count is closest to the
+    selective-scan mixer's (paper: the ablation compares "with comparable parameter budgets")."""
+    d, target = dims.d_inner, ssm_mixer_parameters(dims)
+
+    def count(h: int) -> int:
+        return d * h + h + h * h + h + h * d + d
+
+    # count(h) = h^2 + (2d + 2) h + d: solve for the positive root, then take the nearer integer
+    b = 2 * d + 2
+    root = (-b + math.sqrt(b * b + 4 * (target - d))) / 2
+    return min((max(1, math.floor(root)), max(1, math.ceil(root))), key=lambda h: abs(count(h) - target))
+
+
 class MLPBranch(BranchBase):
     """Baseline branch (paper table "ablation", row 1): a token-wise 3-layer MLP in place of the selective scan.
 
-    y = x + MLP(x): the skip plays the part of the scan's D * u term (D = 1 at initialisation), so both branches
-    start with outputs of the same scale. Keeps the gate stream Z (so the suppression loss applies) but generates
-    no B / C / Delta.
+    y = MLP(x) with LeakyReLU(0.1) between layers and a hidden width chosen so the MLP has as many parameters as
+    the SS2D mixer it replaces (`matched_mlp_hidden`). The rest of the branch (p_mlp, positional embedding,
+    in_proj, conv, the SiLU(Z) gate, pooling) is shared, so the suppression loss applies to Z; it generates no
+    B / C / Delta.
     """
 
     def __init__(self, in_channels: int, feature_hw: tuple[int, int], dims: BranchDims, zero_init_gate: bool = False):
         super().__init__(in_channels, feature_hw, dims, zero_init_gate)
-        di = dims.d_inner
-        self.mlp = nn.Sequential(nn.Linear(di, di), nn.LeakyReLU(0.1), nn.Linear(di, di), nn.LeakyReLU(0.1),
-                                 nn.Linear(di, di))
+        di, hidden = dims.d_inner, matched_mlp_hidden(dims)
+        self.mlp = nn.Sequential(nn.Linear(di, hidden), nn.LeakyReLU(0.1), nn.Linear(hidden, hidden),
+                                 nn.LeakyReLU(0.1), nn.Linear(hidden, di))
 
     def mix(self, x: torch.Tensor, hw: tuple[int, int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         tokens = x.flatten(2).transpose(1, 2)  # (N, L, D_inner)
-        return tokens + self.mlp(tokens), {}
+        return self.mlp(tokens), {}
