@@ -20,6 +20,7 @@ from pipeline.data.config import DataConfig
 from pipeline.errors import FSCILError
 
 PRESET_DIR = Path(__file__).parent / "presets"
+VARIANT_DIR = Path(__file__).parent / "variants"
 SECTIONS = ("data", "model", "base", "extract", "incremental")
 
 
@@ -203,6 +204,8 @@ class Config:
     preset: str
     seed: int
     device: str
+    threads: int
+    variant: str | None
     data: DataConfig
     model: ModelConfig
     base: BaseConfig
@@ -210,7 +213,8 @@ class Config:
     incremental: IncrementalConfig
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"preset": self.preset, "seed": self.seed, "device": self.device}
+        out = {"preset": self.preset, "seed": self.seed, "device": self.device, "threads": self.threads,
+               "variant": self.variant}
         for name in SECTIONS:
             out[name] = dataclasses.asdict(getattr(self, name))
         return out
@@ -218,6 +222,10 @@ class Config:
 
 def available_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def available_variants() -> list[str]:
+    return sorted(p.stem for p in VARIANT_DIR.glob("*.yaml"))
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -235,15 +243,26 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
     """Merge params (nulls mean "the preset's value") over the named preset; returns plain dicts."""
     params = dict(params)
-    unknown = sorted(set(params) - {"preset", "seed", "device", *SECTIONS})
+    top = ("preset", "variant", "seed", "device", "threads")
+    unknown = sorted(set(params) - {*top, *SECTIONS})
     if unknown:
-        raise FSCILError(f"params: unknown key {unknown[0]} (valid: preset, seed, device, {', '.join(SECTIONS)})")
+        raise FSCILError(f"params: unknown key {unknown[0]} (valid: {', '.join(top)}, {', '.join(SECTIONS)})")
     preset = params.get("preset") or "synthetic"
     if preset not in available_presets():
         raise FSCILError(f"params: preset {preset!r} does not exist (choose from {', '.join(available_presets())})")
     merged = _read_yaml(PRESET_DIR / f"{preset}.yaml")
     merged["preset"] = preset
-    for key in ("seed", "device"):
+    variant = params.get("variant")
+    if variant is not None:
+        # a named ablation row (pipeline/variants/<name>.yaml): its keys override the preset's, params.yaml's
+        # non-null keys override both
+        if variant not in available_variants():
+            raise FSCILError(f"params: variant {variant!r} does not exist "
+                             f"(choose from {', '.join(available_variants())})")
+        for name, section in _read_yaml(VARIANT_DIR / f"{variant}.yaml").items():
+            merged.setdefault(name, {}).update(section)
+    merged["variant"] = variant
+    for key in ("seed", "device", "threads"):
         if params.get(key) is not None:
             merged[key] = params[key]
     for name in SECTIONS:
@@ -274,7 +293,11 @@ def build_config(params: dict[str, Any]) -> Config:
            "must be auto, cpu or cuda[:N]")
     data = dict(merged["data"])
     data.setdefault("seed", seed)
-    return Config(preset=merged["preset"], seed=seed, device=device, data=DataConfig.from_dict(data),
+    threads = merged.get("threads", 2)
+    check(isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1, "", "threads",
+          "must be a positive integer")
+    return Config(preset=merged["preset"], seed=seed, device=device, threads=threads, variant=merged.get("variant"),
+                  data=DataConfig.from_dict(data),
                   model=ModelConfig.from_dict(merged["model"]), base=BaseConfig.from_dict(merged["base"]),
                   extract=ExtractConfig.from_dict(merged["extract"]),
                   incremental=IncrementalConfig.from_dict(merged["incremental"]))
