@@ -296,11 +296,18 @@ def build_config(params: dict[str, Any]) -> Config:
     threads = merged.get("threads", 2)
     check(isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1, "", "threads",
           "must be a positive integer")
-    return Config(preset=merged["preset"], seed=seed, device=device, threads=threads, variant=merged.get("variant"),
-                  data=DataConfig.from_dict(data),
-                  model=ModelConfig.from_dict(merged["model"]), base=BaseConfig.from_dict(merged["base"]),
-                  extract=ExtractConfig.from_dict(merged["extract"]),
-                  incremental=IncrementalConfig.from_dict(merged["incremental"]))
+    cfg = Config(preset=merged["preset"], seed=seed, device=device, threads=threads, variant=merged.get("variant"),
+                 data=DataConfig.from_dict(data),
+                 model=ModelConfig.from_dict(merged["model"]), base=BaseConfig.from_dict(merged["base"]),
+                 extract=ExtractConfig.from_dict(merged["extract"]),
+                 incremental=IncrementalConfig.from_dict(merged["incremental"]))
+    if cfg.model.projector == "single_ssm":
+        # with one branch the class-sensitive losses would act on g_base, the branch that carries the base
+        # classes; the paper's row 2 has none (variant single_ssm)
+        for key in ("lambda1", "lambda2", "lambda3"):
+            check(getattr(cfg.incremental, key) == 0, "incremental", key,
+                  "must be 0 with model.projector single_ssm (it has no g_inc to regularise; use variant single_ssm)")
+    return cfg
 
 
 def load_config(path: str | Path = "params.yaml") -> Config:
