@@ -21,7 +21,7 @@ from pipeline.errors import FSCILError
 
 PRESET_DIR = Path(__file__).parent / "presets"
 VARIANT_DIR = Path(__file__).parent / "variants"
-SECTIONS = ("data", "model", "base", "extract", "incremental")
+SECTIONS = ("data", "model", "base", "extract", "incremental", "selection")
 
 
 @dataclass
@@ -163,6 +163,8 @@ class IncrementalConfig(SectionConfig):
     """Separation weight (eq. loss_sep)."""
     suppression: str = "z"
     """What the suppression loss acts on: z (the paper), silu_z, mu_inc."""
+    freeze_base: bool = True
+    """Freeze p_iden and g_base after the base session (the paper); false: they train in every session too."""
     mixup_ratio: float = 0.5
     """Feature-mixup ratio."""
     mixup_prob: float = 0.0
@@ -200,6 +202,59 @@ class IncrementalConfig(SectionConfig):
 
 
 @dataclass
+class SelectionConfig(SectionConfig):
+    """`fscil select`: the pseudo-incremental protocol built from the base session's training data and the candidate
+    sets compared on it (paper appendix supp:hyperparameter_protocol)."""
+
+    section: typing.ClassVar[str] = "selection"
+    seed: int = 0
+    """Seed of the pseudo protocol and of every candidate run (the paper: 0)."""
+    val_fraction: float = 0.2
+    """Fraction of each base class's training images held out as the pseudo test set."""
+    base_fraction: float | None = None
+    """Fraction of the base classes forming the pseudo-base session (null: every class the pseudo sessions leave)."""
+    sessions: int | None = None
+    """Pseudo-incremental sessions (null: min(real sessions, (base classes // 3) // ways))."""
+    ways: int | None = None
+    """Classes per pseudo-incremental session (null: the real protocol's)."""
+    shots: int | None = None
+    """Training images per class in pseudo-incremental sessions (null: the real protocol's)."""
+    base_epochs: int | None = None
+    """Base-session epochs of the candidate runs (null: base.epochs)."""
+    freeze_base: list[bool] = field(default_factory=lambda: [True, False])
+    """Stage 1a candidates of incremental.freeze_base."""
+    suppression: list[str] = field(default_factory=lambda: ["z", "silu_z", "mu_inc"])
+    """Stage 1b candidates of incremental.suppression."""
+    k_paths: list[int] = field(default_factory=lambda: [1, 2, 4])
+    """Stage 1c candidates of model.k_paths (each trains its own base model)."""
+    lambda1: list[float] = field(default_factory=lambda: [50.0, 100.0, 150.0, 200.0])
+    """Stage 2 candidates of incremental.lambda1 (chosen with lambda2 = lambda3 = 0)."""
+    lambda2: list[float] = field(default_factory=lambda: [0.001, 0.01, 0.1, 1.0])
+    """Stage 2 candidates of incremental.lambda2 (chosen with lambda3 = 0)."""
+    lambda3: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.3, 0.5])
+    """Stage 2 candidates of incremental.lambda3."""
+
+    def __post_init__(self):
+        self.check_types()
+        from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS
+
+        check(0 < self.val_fraction < 1, "selection", "val_fraction", "must be in (0, 1)")
+        check(self.base_fraction is None or 0 < self.base_fraction < 1, "selection", "base_fraction",
+              "must be in (0, 1) or null")
+        for key in ("sessions", "ways", "shots", "base_epochs"):
+            check(getattr(self, key) is None or getattr(self, key) >= 1, "selection", key, "must be >= 1 or null")
+        for key in ("freeze_base", "suppression", "k_paths", "lambda1", "lambda2", "lambda3"):
+            values = getattr(self, key)
+            check(len(values) >= 1, "selection", key, "must list at least one candidate")
+            check(len(set(values)) == len(values), "selection", key, "lists a candidate twice")
+        check(set(self.suppression) <= set(SUPPRESSION_TARGETS), "selection", "suppression",
+              f"must be a list of {sorted(SUPPRESSION_TARGETS)}")
+        check(set(self.k_paths) <= {1, 2, 4}, "selection", "k_paths", "must be a list of 1, 2 or 4")
+        for key in ("lambda1", "lambda2", "lambda3"):
+            check(min(getattr(self, key)) >= 0, "selection", key, "must be >= 0")
+
+
+@dataclass
 class Config:
     preset: str
     seed: int
@@ -211,6 +266,7 @@ class Config:
     base: BaseConfig
     extract: ExtractConfig
     incremental: IncrementalConfig
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"preset": self.preset, "seed": self.seed, "device": self.device, "threads": self.threads,
@@ -300,7 +356,8 @@ def build_config(params: dict[str, Any]) -> Config:
                  data=DataConfig.from_dict(data),
                  model=ModelConfig.from_dict(merged["model"]), base=BaseConfig.from_dict(merged["base"]),
                  extract=ExtractConfig.from_dict(merged["extract"]),
-                 incremental=IncrementalConfig.from_dict(merged["incremental"]))
+                 incremental=IncrementalConfig.from_dict(merged["incremental"]),
+                 selection=SelectionConfig.from_dict(merged["selection"]))
     if cfg.model.projector == "single_ssm":
         # with one branch the class-sensitive losses would act on g_base, the branch that carries the base
         # classes; the paper's row 2 has none (variant single_ssm)

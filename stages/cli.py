@@ -1,4 +1,5 @@
-"""The `fscil` command line: `fscil stage <name>` runs one pipeline stage; `fscil model summary`, `fscil config show`.
+"""The `fscil` command line: `fscil stage <name>` runs one pipeline stage; `fscil select` (hyperparameter selection),
+`fscil model summary`, `fscil config show`.
 
 Every command exits 0 on success, 2 on bad input (a one-line message on stderr) and 1 on an unexpected error.
 """
@@ -128,6 +129,26 @@ def report(data_dir: DataDirOpt = Path("data"),
     summary = _run("report", stage.run, _paths(data_dir), metrics)
     typer.echo(" ".join(f"{k}={v:.2f}" for k, v in summary["sessions"].items()))
     typer.echo(f"AVG {summary['avg']:.2f}  PD {summary['pd']:.2f}  final {summary['final']:.2f}")
+
+
+@app.command("select")
+def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"),
+              out: Annotated[Path | None, typer.Option("--out", help="Output folder (default: <data-dir>/selection).")
+                             ] = None,
+              quiet: QuietOpt = False) -> None:
+    """Choose architecture and loss weights on pseudo-incremental tasks from the base session's training data only
+    (the paper's protocol; slow, not part of `dvc repro`). Writes selection.csv, selected.yaml, selection.json."""
+    import pandas as pd
+
+    from stages import select as stage
+
+    cfg = _config(params)
+    out = out or data_dir / "selection"
+    log = None if quiet else (lambda line: typer.echo(line, err=True))
+    result = _run("select", stage.run, cfg, _paths(data_dir), out, log=log)
+    typer.echo(pd.DataFrame(result["rows"]).to_string(index=False))
+    typer.echo("chosen: " + "  ".join(f"{k}={v}" for k, v in result["chosen"].items()))
+    typer.echo(f"params fragment: {out / 'selected.yaml'}")
 
 
 @config_app.command("show")

@@ -27,7 +27,7 @@ def test_defaults_and_protocol_shapes() -> None:
 @pytest.mark.parametrize(("values", "message"), [
     ({"datset": "cifar100"}, r"params: unknown key data.datset \(valid: dataset, root, "),
     ({"dataset": "imagenet"}, "params: data.dataset must be one of synthetic, cifar100, mini_imagenet, cub200, "
-                              "class_folder, got 'imagenet'"),
+                              "class_folder, omniglot, got 'imagenet'"),
     ({"image_size": "32"}, "params: data.image_size must be an integer, got '32'"),
     ({"image_size": 4}, "params: data.image_size must be >= 8, got 4"),
     ({"image_size": True}, "params: data.image_size must be an integer, got True"),

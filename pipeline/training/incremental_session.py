@@ -48,6 +48,14 @@ def frozen_digest(projector) -> str:
     return digest.hexdigest()
 
 
+def base_parts_state(projector) -> dict:
+    """{"p_iden.*", "g_base.*": tensor} of the parts frozen after the base session (what incremental.freeze_base
+    false trains on and carries from session to session)."""
+    frozen = projector.frozen_after_base()
+    return {f"{name}.{key}": value for name, module in projector.named_children() if any(module is m for m in frozen)
+            for key, value in module.state_dict().items()}
+
+
 def _check_session(session: int, num_sessions: int, prev_dir: Path | None) -> None:
     if not 1 <= session < num_sessions:
         raise FSCILError(f"session {session} is out of range: the protocol has sessions 1..{num_sessions - 1}")
@@ -78,10 +86,13 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         state, _ = load_checkpoint(Path(prev_dir) / STATE_FILE, {"kind": "session", "session": session - 1,
                                                                         "config": digest, "store": store.attrs[
                                                                             "checkpoint_sha256"]})
+        if not cfg.incremental.freeze_base:  # p_iden / g_base trained in the earlier sessions too
+            projector.load_state_dict({**projector.state_dict(), **unprefixed(state, "projector")})
         projector.adapting_branch.load_state_dict(unprefixed(state, "adapting"))
         classifier.load_state_dict(unprefixed(state, "classifier"))
         memory = ClassMeanMemory.from_tensors(state)
-    projector.freeze_base()
+    if cfg.incremental.freeze_base:
+        projector.freeze_base()
     frozen_before = frozen_digest(projector)
     projector.to(device)
     classifier.to(device)
@@ -145,7 +156,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         for key, value in (("loss", loss), ("cls", cls), ("supp", supp), ("sep", sep)):
             history[key].append(round(value.item(), 6))
         bar.set_postfix(loss=f"{loss.item():.4f}")
-    if frozen_digest(projector) != frozen_before:
+    if cfg.incremental.freeze_base and frozen_digest(projector) != frozen_before:
         raise RuntimeError("frozen projector parts changed during an incremental session")
 
     metrics = evaluate_session(projector, classifier, store, num_seen, num_base, device, inc.eval_batch_size)
@@ -158,6 +169,8 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = prefixed(projector.adapting_branch.state_dict(), "adapting")
+    if not cfg.incremental.freeze_base:
+        state.update(prefixed(base_parts_state(projector), "projector"))
     state.update(prefixed(classifier.state_dict(), "classifier"))
     state.update(memory.to_tensors())
     save_checkpoint(out_dir / STATE_FILE, state, {

@@ -1,0 +1,266 @@
+"""Hyperparameter selection on pseudo-incremental tasks built from the base session alone (paper appendix
+supp:hyperparameter_protocol).
+
+The real base session's training images are split, seeded, into a pseudo-base session, few-shot pseudo-incremental
+sessions and a held-out pseudo test set, and written as an ordinary image pack, so each candidate runs the very
+training code of the pipeline (train_base, extract_features, train_session). Nothing of the real test set or of the
+real incremental sessions is ever read. Choices follow the paper's order, each by the highest pseudo AVG with the
+earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the suppression variant, K), with lambda1
+at its configured value and lambda2 = lambda3 = 0; stage 2 lambda1 (lambda2 = lambda3 = 0), then lambda2
+(lambda3 = 0), then lambda3. A tie keeps the configured value, else the earliest candidate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from pipeline.atomic import atomic_output, atomic_write_text
+from pipeline.config import Config, SelectionConfig
+from pipeline.data.pack import ImagePack, PackContent, chunk_rows, write_pack
+from pipeline.data.protocol import FSCILProtocol, Session
+from pipeline.data.sampling import draw_sessions, split_test
+from pipeline.errors import FSCILError
+from pipeline.report import session_table, summarise
+from pipeline.store.extract import extract_features
+from pipeline.training.base_session import MODEL_FILE, config_digest, train_base
+from pipeline.training.incremental_session import train_session
+
+PSEUDO_PACK = "pseudo_pack.h5"
+RESULTS_FILE = "results.json"  # candidate results by candidate key, kept in the work dir across runs
+SCORES = ("avg", "final", "pd", "base")
+# what (with the seed and the pseudo pack) a candidate's result, and a base model + its feature store, depend on
+CANDIDATE_SECTIONS = ("data", "model", "base", "extract", "incremental")
+STORE_SECTIONS = ("data", "model", "base", "extract")
+
+
+# ---- the pseudo-incremental pack ---------------------------------------------------------------------------------
+def pseudo_shape(protocol: FSCILProtocol, base_fraction: float | None, ways: int | None, shots: int | None,
+                 sessions: int | None) -> tuple[int, int, int, int]:
+    """(pseudo-base classes, ways, shots, sessions) carved out of the real protocol's B base classes.
+
+    Defaults: the real ways and shots; min(real sessions, (B // 3) // ways) sessions; every class they leave is a
+    pseudo-base class, or round(base_fraction * B) of them.
+    """
+    num_base = protocol.num_base_classes
+    ways = ways or protocol.ways
+    shots = shots or protocol.shots
+    if ways is None or shots is None:
+        raise FSCILError("selection: the real protocol has no uniform ways/shots; set selection.ways and shots")
+    sessions = sessions or min(protocol.num_incremental, (num_base // 3) // ways)
+    if sessions < 1:
+        raise FSCILError(f"selection: {num_base} base classes are too few for a {ways}-way pseudo session")
+    pseudo_base = num_base - sessions * ways if base_fraction is None else round(base_fraction * num_base)
+    if pseudo_base < 1 or pseudo_base + sessions * ways > num_base:
+        raise FSCILError(f"selection: {pseudo_base} pseudo-base + {sessions} x {ways} classes do not fit in the "
+                         f"{num_base} base classes")
+    return pseudo_base, ways, shots, sessions
+
+
+def _read_in_chunks(pack: ImagePack, ids: np.ndarray) -> Iterator[np.ndarray]:
+    step = chunk_rows(pack.image_size) * 4
+    for start in range(0, len(ids), step):
+        yield pack.read_images(ids[start:start + step])
+
+
+def pseudo_pack(pack_path: Path, out_path: Path, base_fraction: float | None = None, ways: int | None = None,
+                shots: int | None = None, sessions: int | None = None, val_fraction: float = 0.2,
+                seed: int = 0) -> dict:
+    """Write the pseudo-incremental image pack at `out_path` (atomically); returns its shape and content hash.
+
+    From the real base session's N training samples only: `val_fraction` of each class's images become the pseudo
+    test set, the base classes are permuted, the first ones form the pseudo-base session (all their remaining
+    images), the next sessions x ways classes the pseudo-incremental sessions (`shots` images each). Everything is
+    drawn from numpy default_rng(seed). Classes are relabelled session-ordered and samples laid out as assemble.py
+    does: each session's training block, then the test block, each sorted by (class, parent id).
+    """
+    with ImagePack.open(pack_path) as parent:
+        real = parent.protocol
+        ids = np.sort(real.sessions[0].train_ids)  # (N,) parent ids; positions into it index everything below
+        labels = parent.labels[ids]  # (N,) parent class ids
+        n_base, ways, shots, sessions = pseudo_shape(real, base_fraction, ways, shots, sessions)
+        rng = np.random.default_rng(seed)
+        is_val = split_test(labels, val_fraction, rng, parent.class_names)
+        class_order = rng.permutation(real.base_classes)
+        train_blocks = draw_sessions(labels, ~is_val, class_order, n_base, ways, shots, sessions, rng,
+                                     parent.class_names)
+        used = class_order[: n_base + ways * sessions]
+        new_label = np.full(len(parent.class_names), -1, dtype=np.int64)
+        new_label[used] = np.arange(len(used))
+
+        def by_class(pos: np.ndarray) -> np.ndarray:
+            return pos[np.lexsort((pos, new_label[labels[pos]]))]
+
+        val = np.flatnonzero(is_val & (new_label[labels] >= 0))
+        blocks = [by_class(pos) for pos in train_blocks] + [by_class(val)]
+        order = ids[np.concatenate(blocks)]  # pseudo id -> parent id
+        bounds = np.cumsum([0] + [len(b) for b in blocks])
+        first_class = np.cumsum([0, n_base] + [ways] * sessions)
+        protocol = FSCILProtocol(
+            [Session(t, np.arange(first_class[t], first_class[t + 1]), np.arange(bounds[t], bounds[t + 1]))
+             for t in range(len(train_blocks))],
+            test_ids=np.arange(bounds[-2], bounds[-1]),
+        )
+        pseudo_labels = new_label[parent.labels[order]]
+        class_names = [parent.class_names[c] for c in used]
+        protocol.validate(pseudo_labels, ways=ways, shots=shots, class_names=class_names)
+        selection = {"seed": seed, "val_fraction": val_fraction, "base_fraction": base_fraction,
+                     "parent_base_classes": real.num_base_classes, "base_classes": n_base, "ways": ways,
+                     "shots": shots, "sessions": sessions}
+        digest = write_pack(out_path, PackContent(
+            dataset=parent.dataset, preset=parent.preset, image_size=parent.image_size, labels=pseudo_labels,
+            class_names=class_names, protocol=protocol, images=_read_in_chunks(parent, order),
+            provenance={"parent_pack": parent.content_hash, "selection": selection},
+            source_keys=[f"parent/{i}" for i in order],
+        ))
+    return {**selection, "num_images": len(order), "num_test": len(val), "content_hash": digest}
+
+
+# ---- one candidate -------------------------------------------------------------------------------------------------
+def with_values(cfg: Config, values: dict[str, Any]) -> Config:
+    """A copy of `cfg` with dotted keys ("incremental.lambda1") replaced; each changed section validates again."""
+    sections: dict[str, dict[str, Any]] = {}
+    for dotted, value in values.items():
+        name, key = dotted.split(".")
+        sections.setdefault(name, {})[key] = value
+    return dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **kv)
+                                       for name, kv in sections.items()})
+
+
+def _key(cfg: Config, sections: tuple[str, ...], pack_hash: str) -> str:
+    return hashlib.sha256(f"{pack_hash}:{config_digest(cfg, sections)}".encode()).hexdigest()[:16]
+
+
+def run_candidate(cfg: Config, pseudo_pack_path: Path, work_dir: Path, base_cache: Path) -> dict:
+    """Train and evaluate `cfg` on the pseudo pack; returns {"avg", "final", "pd", "base", "sessions"} (in %).
+
+    The base model and feature store live in base_cache/<key> (key: the pack and the data/model/base/extract
+    sections), so candidates that differ only in `incremental` share them; the sessions go to `work_dir`.
+    """
+    with ImagePack.open(pseudo_pack_path) as pack:
+        pack_hash, num_sessions = pack.content_hash, pack.protocol.num_sessions
+    cache = Path(base_cache) / _key(cfg, STORE_SECTIONS, pack_hash)
+    base_dir, store = cache / "base", cache / "features.zarr"
+    if not (base_dir / MODEL_FILE).is_file():
+        with atomic_output(base_dir, directory=True) as tmp:
+            train_base(cfg, pseudo_pack_path, tmp, cache / "base.resume", show_progress=False)
+        shutil.rmtree(cache / "base.resume", ignore_errors=True)
+    if not store.exists():
+        with atomic_output(store, directory=True) as tmp:
+            extract_features(cfg, pseudo_pack_path, base_dir, tmp, show_progress=False)
+    results = [json.loads((base_dir / "metrics.json").read_text())]
+    prev = None
+    for session in range(1, num_sessions):
+        out = Path(work_dir) / f"session_{session}"
+        results.append(train_session(cfg, session, store, base_dir, prev, out, show_progress=False))
+        prev = out
+    summary = summarise(session_table(results))
+    return {key: summary[key] for key in (*SCORES, "sessions")}
+
+
+# ---- the selection -------------------------------------------------------------------------------------------------
+def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str, Any]]]:
+    """(stage, dotted key, candidates, values held while choosing it) in the paper's order."""
+    no_aux = {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
+    return [
+        ("architecture", "incremental.freeze_base", sel.freeze_base, no_aux),
+        ("architecture", "incremental.suppression", sel.suppression, no_aux),
+        ("architecture", "model.k_paths", sel.k_paths, no_aux),
+        ("loss_weights", "incremental.lambda1", sel.lambda1, no_aux),
+        ("loss_weights", "incremental.lambda2", sel.lambda2, {"incremental.lambda3": 0.0}),
+        ("loss_weights", "incremental.lambda3", sel.lambda3, {}),
+    ]
+
+
+def choose(values: list, scores: list[float], configured: Any) -> Any:
+    """The value of the highest score; on a tie the configured value, else the earliest candidate."""
+    best = max(scores)
+    tied = [v for v, s in zip(values, scores, strict=True) if s == best]
+    return configured if configured in tied else tied[0]
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    name, key = dotted.split(".")
+    return getattr(getattr(cfg, name), key)
+
+
+def selected_yaml(chosen: dict[str, Any], pseudo: dict) -> str:
+    """A params.yaml fragment holding only the chosen keys, with a comment naming the pseudo protocol."""
+    nested: dict[str, dict[str, Any]] = {}
+    for dotted, value in chosen.items():
+        name, key = dotted.split(".")
+        nested.setdefault(name, {})[key] = value
+    header = (f"# fscil select: chosen by pseudo AVG on {pseudo['base_classes']} pseudo-base classes + "
+              f"{pseudo['sessions']} x {pseudo['ways']}-way {pseudo['shots']}-shot pseudo sessions\n"
+              f"# from the base session's training images only ({pseudo['val_fraction']:g} of each class held out "
+              f"as pseudo test), seed {pseudo['seed']},\n# pseudo pack {pseudo['content_hash'][:12]}. "
+              "Merge into params.yaml.\n")
+    return header + yaml.safe_dump(nested, sort_keys=False)
+
+
+def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionConfig | None = None, *,
+           work_dir: Path | None = None, log: Callable[[str], None] | None = None) -> dict:
+    """Run the selection; writes out_dir/{selection.csv, selected.yaml, selection.json} and returns
+    {"chosen": {dotted key: value}, "rows": [one per candidate run, in order], "pseudo_protocol": {...}}.
+
+    candidates: the candidate sets (None: cfg.selection). work_dir (None: out_dir/work) keeps the pseudo pack, the
+    base models and feature stores and every candidate's result, so nothing computed there is computed again.
+    """
+    sel = candidates or cfg.selection
+    if cfg.model.projector != "dual_ssm":
+        raise FSCILError(f"selection tunes the dual_ssm projector, not model.projector={cfg.model.projector}")
+    out_dir, work_dir = Path(out_dir), Path(work_dir or Path(out_dir) / "work")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    say = log or (lambda line: None)
+    pseudo_path = work_dir / PSEUDO_PACK
+    pseudo = pseudo_pack(pack_path, pseudo_path, sel.base_fraction, sel.ways, sel.shots, sel.sessions,
+                         sel.val_fraction, sel.seed)
+    say(f"pseudo protocol: {pseudo['base_classes']} base classes + {pseudo['sessions']} x {pseudo['ways']}-way "
+        f"{pseudo['shots']}-shot, {pseudo['num_test']} test images")
+    results_path = work_dir / RESULTS_FILE
+    results: dict[str, dict] = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    base_cfg = with_values(dataclasses.replace(cfg, seed=sel.seed),
+                           {"base.epochs": sel.base_epochs or cfg.base.epochs})
+    chosen: dict[str, Any] = {}
+    rows: list[dict] = []
+    for stage, key, values, held in selection_order(sel):
+        scores = []
+        for value in values:
+            cand = with_values(base_cfg, {**held, **chosen, key: value})
+            ckey = _key(cand, CANDIDATE_SECTIONS, pseudo["content_hash"])
+            cached = ckey in results
+            if not cached:
+                started = time.time()
+                scratch = work_dir / "candidate"
+                shutil.rmtree(scratch, ignore_errors=True)
+                score = run_candidate(cand, pseudo_path, scratch, work_dir / "bases")
+                shutil.rmtree(scratch, ignore_errors=True)
+                results[ckey] = {**score, "seconds": round(time.time() - started, 2)}
+                atomic_write_text(results_path, json.dumps(results, indent=2) + "\n")
+            result = results[ckey]
+            scores.append(result["avg"])
+            rows.append({"stage": stage, "key": key, "value": value, **{s: result[s] for s in SCORES},
+                         "seconds": result["seconds"], "chosen": False})
+            took = "cached" if cached else f"{result['seconds']:.0f} s"
+            say(f"{key}={value}: AVG {result['avg']:.2f} final {result['final']:.2f} ({took})")
+        chosen[key] = choose(values, scores, _get(cfg, key))
+        for row in rows[-len(values):]:
+            row["chosen"] = row["value"] == chosen[key]
+        say(f"chosen {key}={chosen[key]}")
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(out_dir / "selection.csv", index=False)
+    (out_dir / "selected.yaml").write_text(selected_yaml(chosen, pseudo))
+    summary = {"chosen": chosen, "rows": rows, "pseudo_protocol": pseudo}
+    (out_dir / "selection.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,25 @@
+"""`fscil select`: the paper's pseudo-incremental selection of architecture and loss weights (not a DVC stage).
+
+Reads data/pack.h5 and the `selection` params section; writes <out>/{selection.csv, selected.yaml, selection.json}
+atomically. <out>.work keeps the pseudo pack, the candidates' base models and feature stores and their results, so
+an interrupted or extended selection recomputes nothing; delete it to start over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from pipeline.atomic import atomic_output
+from pipeline.config import Config
+from pipeline.errors import FSCILError
+from pipeline.selection import select
+from stages.paths import StagePaths
+
+
+def run(cfg: Config, paths: StagePaths, out_dir: Path, log: Callable[[str], None] | None = None) -> dict:
+    if not paths.pack.is_file():
+        raise FSCILError(f"{paths.pack}: image pack not found; run `fscil stage prepare` first")
+    out_dir = Path(out_dir)
+    with atomic_output(out_dir, directory=True) as tmp:
+        return select(cfg, paths.pack, tmp, work_dir=out_dir.parent / f"{out_dir.name}.work", log=log)
