@@ -284,7 +284,7 @@ def available_variants() -> list[str]:
     return sorted(p.stem for p in VARIANT_DIR.glob("*.yaml"))
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path) -> dict[str, Any]:
     try:
         values = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
@@ -306,7 +306,7 @@ def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
     preset = params.get("preset") or "synthetic"
     if preset not in available_presets():
         raise FSCILError(f"params: preset {preset!r} does not exist (choose from {', '.join(available_presets())})")
-    merged = _read_yaml(PRESET_DIR / f"{preset}.yaml")
+    merged = read_yaml(PRESET_DIR / f"{preset}.yaml")
     merged["preset"] = preset
     variant = params.get("variant")
     if variant is not None:
@@ -315,7 +315,7 @@ def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
         if variant not in available_variants():
             raise FSCILError(f"params: variant {variant!r} does not exist "
                              f"(choose from {', '.join(available_variants())})")
-        for name, section in _read_yaml(VARIANT_DIR / f"{variant}.yaml").items():
+        for name, section in read_yaml(VARIANT_DIR / f"{variant}.yaml").items():
             merged.setdefault(name, {}).update(section)
     merged["variant"] = variant
     for key in ("seed", "device", "threads"):
@@ -368,4 +368,4 @@ def build_config(params: dict[str, Any]) -> Config:
 
 
 def load_config(path: str | Path = "params.yaml") -> Config:
-    return build_config(_read_yaml(Path(path)))
+    return build_config(read_yaml(Path(path)))

@@ -31,7 +31,7 @@ from pipeline.data.pack import ImagePack, PackContent, chunk_rows, write_pack
 from pipeline.data.protocol import FSCILProtocol, Session
 from pipeline.data.sampling import draw_sessions, split_test
 from pipeline.errors import FSCILError
-from pipeline.report import session_table, summarise
+from pipeline.report import session_table, summarise, summarise_prototypes
 from pipeline.store.extract import extract_features
 from pipeline.training.base_session import MODEL_FILE, config_digest, train_base
 from pipeline.training.incremental_session import train_session
@@ -142,7 +142,8 @@ def _key(cfg: Config, sections: tuple[str, ...], pack_hash: str) -> str:
 
 
 def run_candidate(cfg: Config, pseudo_pack_path: Path, work_dir: Path, base_cache: Path) -> dict:
-    """Train and evaluate `cfg` on the pseudo pack; returns {"avg", "final", "pd", "base", "sessions"} (in %).
+    """Train and evaluate `cfg` on an image pack (the pseudo pack, or a real one for studies); returns
+    {"avg", "final", "pd", "base", "sessions"} (in %), the prototype baselines' summaries and the session table.
 
     The base model and feature store live in base_cache/<key> (key: the pack and the data/model/base/extract
     sections), so candidates that differ only in `incremental` share them; the sessions go to `work_dir`.
@@ -164,8 +165,10 @@ def run_candidate(cfg: Config, pseudo_pack_path: Path, work_dir: Path, base_cach
         out = Path(work_dir) / f"session_{session}"
         results.append(train_session(cfg, session, store, base_dir, prev, out, show_progress=False))
         prev = out
-    summary = summarise(session_table(results))
-    return {key: summary[key] for key in (*SCORES, "sessions")}
+    table = session_table(results)
+    summary = summarise(table)
+    return {**{key: summary[key] for key in (*SCORES, "sessions")}, "prototype": summarise_prototypes(table),
+            "table": table.to_dict("records")}
 
 
 # ---- the selection -------------------------------------------------------------------------------------------------

@@ -151,6 +151,29 @@ def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Pa
     typer.echo(f"params fragment: {out / 'selected.yaml'}")
 
 
+@app.command("study")
+def study(variants: Annotated[str, typer.Option(help="Comma-separated variants (pipeline/variants/).")] = (
+              "mlp_baseline,single_ssm,dual_ssm,dual_ssm_supp,mamba_fscil"),
+          seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
+          params: ParamsOpt = Path("params.yaml"),
+          out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("data/studies/ablation"),
+          quiet: QuietOpt = False) -> None:
+    """Run named variants x seeds through the pipeline's training code and write mean +- std tables and a plot
+    (out/table.md, table.csv, runs.csv, sessions.csv, accuracy.png); slow, not part of `dvc repro`."""
+    from pipeline.config import read_yaml
+    from pipeline.study import run_study, study_table, table_markdown
+
+    _config(params)  # validates params.yaml and pins the thread count
+    names = [v.strip() for v in variants.split(",") if v.strip()]
+    try:
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        _fail(f"--seeds must be comma-separated integers, got {seeds!r}", FSCILError.exit_code)
+    log = None if quiet else (lambda line: typer.echo(line, err=True))
+    sessions = _run("study", run_study, read_yaml(params), names, seed_list, out, log=log)
+    typer.echo(table_markdown(study_table(sessions, names)))
+
+
 @config_app.command("show")
 def config_show(params: ParamsOpt = Path("params.yaml")) -> None:
     """Print the configuration after merging params.yaml over its preset."""

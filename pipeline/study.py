@@ -1,0 +1,151 @@
+"""Multi-seed studies: named variants (pipeline/variants/) x seeds through the pipeline's own training code.
+
+`run_study` builds one image pack per data config (the protocol of the synthetic set and of class-folder datasets
+is drawn from the seed, so each seed has its own), then trains every (variant, seed) run with `run_candidate`,
+which shares a base model and feature store between runs that differ only in the `incremental` section. Each run
+gives a per-session table (the method and the prototype baselines); `study_table` turns the runs into mean +- std
+over seeds of BASE (session 0), FINAL, AVG and PD, plus the backbone prototype baseline (nearest class mean, cosine,
+on the frozen backbone's pooled maps) of the reference variant's backbones. Every run is kept under
+out_dir/runs.json, so an interrupted or extended study recomputes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pipeline.atomic import atomic_output, atomic_write_text
+from pipeline.config import build_config
+from pipeline.data.prepare import build_pack
+from pipeline.selection import run_candidate
+
+RUNS_FILE = "runs.json"
+
+
+def _digest(values: dict) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+SCORES = ("base", "final", "avg", "pd")
+PROTOTYPE = "prototype (backbone NCM)"
+
+
+def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out_dir: Path,
+              log: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Run every (variant, seed) on `params` (a params.yaml mapping); returns the per-session rows of all runs."""
+    out_dir = Path(out_dir)
+    work = out_dir.with_name(out_dir.name + ".work")
+    work.mkdir(parents=True, exist_ok=True)
+    say = log or (lambda line: None)
+    runs_path = work / RUNS_FILE
+    runs: dict[str, dict] = json.loads(runs_path.read_text()) if runs_path.is_file() else {}
+    keys = []
+    for seed in seeds:
+        for variant in variants:
+            cfg = build_config({**params, "variant": variant, "seed": seed})
+            key = f"{variant}/s{seed}/{_digest(cfg.to_dict())}"  # a changed param is a new run
+            keys.append(key)
+            if key not in runs:
+                pack = work / "packs" / f"{_digest(cfg.to_dict()['data'])}.h5"
+                if not pack.is_file():
+                    build_pack(cfg.data, pack)
+                started = time.time()
+                scratch = work / "sessions"
+                shutil.rmtree(scratch, ignore_errors=True)
+                result = run_candidate(cfg, pack, scratch, work / "bases")
+                runs[key] = {"variant": variant, "seed": seed, "table": result["table"],
+                             "seconds": round(time.time() - started, 1)}
+                atomic_write_text(runs_path, json.dumps(runs, indent=2) + "\n")
+            table = pd.DataFrame(runs[key]["table"])
+            say(f"{variant} seed {seed}: AVG {table['acc'].mean():.2f} final {table['acc'].iloc[-1]:.2f} "
+                f"(prototype AVG {table['proto_backbone_acc'].mean():.2f})")
+    sessions = pd.concat([pd.DataFrame(runs[k]["table"]).assign(variant=runs[k]["variant"], seed=runs[k]["seed"])
+                          for k in keys], ignore_index=True)
+    write_study(sessions, out_dir, variants)
+    return sessions
+
+
+def run_scores(sessions: pd.DataFrame, column: str = "acc") -> pd.DataFrame:
+    """One row per (variant, seed): BASE, FINAL, AVG, PD of `column`, plus the novel accuracy after session 1."""
+    out = []
+    for (variant, seed), run in sessions.sort_values("session").groupby(["variant", "seed"], sort=False):
+        acc = run[column].astype(float).to_numpy()
+        novel = run["novel_acc" if column == "acc" else column.replace("_acc", "_novel_acc")].astype(float)
+        out.append({"variant": variant, "seed": seed, "base": acc[0], "final": acc[-1], "avg": acc.mean(),
+                    "pd": acc[0] - acc[-1], "novel_s1": novel.iloc[1] if len(novel) > 1 else float("nan")})
+    return pd.DataFrame(out)
+
+
+def study_table(sessions: pd.DataFrame, variants: list[str], reference: str | None = None) -> pd.DataFrame:
+    """Mean and std over seeds per variant (in the given order), then the backbone prototype baseline of the
+    `reference` variant's runs (default: mamba_fscil when present, else the first variant)."""
+    reference = reference or ("mamba_fscil" if "mamba_fscil" in variants else variants[0])
+    method = run_scores(sessions)
+    proto = run_scores(sessions[sessions["variant"] == reference], "proto_backbone_acc").assign(variant=PROTOTYPE)
+    scores = pd.concat([method, proto], ignore_index=True)
+    order = [v for v in variants if v in set(scores["variant"])] + [PROTOTYPE]
+    grouped = scores.groupby("variant", sort=False)
+    table = grouped[[*SCORES, "novel_s1"]].agg(["mean", "std"]).reindex(order)
+    table[("seeds", "n")] = grouped.size().reindex(order)
+    return table
+
+
+def table_markdown(table: pd.DataFrame) -> str:
+    """The study table as markdown, `mean +- std` per score."""
+    head = "| variant | seeds | BASE | FINAL | AVG | PD | novel acc. after session 1 |\n|---|---|---|---|---|---|---|\n"
+    lines = []
+    for variant, row in table.iterrows():
+        cells = [f"{row[(s, 'mean')]:.2f} ± {row[(s, 'std')]:.2f}" for s in (*SCORES, "novel_s1")]
+        lines.append(f"| {variant} | {int(row[('seeds', 'n')])} | " + " | ".join(cells) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
+def plot_study(sessions: pd.DataFrame, variants: list[str], path: Path, title: str) -> None:
+    """Mean accuracy per session of each variant (band: +- std over seeds) and the prototype baseline (dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for variant in variants:
+        runs = sessions[sessions["variant"] == variant]
+        if runs.empty:
+            continue
+        stats = runs.groupby("session")["acc"].agg(["mean", "std"]).fillna(0.0)
+        ax.plot(stats.index, stats["mean"], marker="o", label=variant)
+        ax.fill_between(stats.index, stats["mean"] - stats["std"], stats["mean"] + stats["std"], alpha=0.15)
+    reference = "mamba_fscil" if "mamba_fscil" in variants else variants[0]
+    proto = sessions[sessions["variant"] == reference].groupby("session")["proto_backbone_acc"].mean()
+    ax.plot(proto.index, proto.to_numpy(), linestyle="--", color="black", label=PROTOTYPE)
+    ax.set_xlabel("session")
+    ax.set_ylabel("accuracy on all seen classes (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)
+
+
+def write_study(sessions: pd.DataFrame, out_dir: Path, variants: list[str]) -> pd.DataFrame:
+    """out_dir/{sessions.csv (every run's sessions), runs.csv (scores per run), table.csv, table.md, accuracy.png}."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = study_table(sessions, variants)
+    with atomic_output(out_dir / "sessions.csv") as tmp:
+        sessions.to_csv(tmp, index=False)
+    with atomic_output(out_dir / "runs.csv") as tmp:
+        run_scores(sessions).round(4).to_csv(tmp, index=False)
+    with atomic_output(out_dir / "table.csv") as tmp:
+        table.round(4).to_csv(tmp)
+    atomic_write_text(out_dir / "table.md", table_markdown(table))
+    seeds = sorted(sessions["seed"].unique())
+    plot_study(sessions, variants, out_dir / "accuracy.png", f"{out_dir.name}: mean over seeds {seeds}")
+    return table

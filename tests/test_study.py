@@ -1,0 +1,62 @@
+"""Multi-seed studies: the mean +- std table against hand-computed values, and a tiny study end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import pipeline.study as study
+from pipeline.study import PROTOTYPE, run_scores, study_table, table_markdown
+from tests.pipeline_fixtures import TINY_PARAMS
+
+
+def _sessions() -> pd.DataFrame:
+    rows = []
+    # two variants x two seeds, three sessions; accuracies chosen so every score is easy to check by hand
+    for variant, offset in (("a", 0.0), ("b", 10.0)):
+        for seed, acc in ((0, [90.0, 80.0, 70.0]), (1, [80.0, 70.0, 60.0])):
+            for session, value in enumerate(acc):
+                rows.append({"variant": variant, "seed": seed, "session": session, "acc": value + offset,
+                             "novel_acc": np.nan if session == 0 else 50.0 + seed,
+                             "proto_backbone_acc": 85.0 - 5 * session, "proto_backbone_novel_acc": 40.0})
+    return pd.DataFrame(rows)
+
+
+def test_run_scores_and_table_are_means_and_stds_over_seeds():
+    scores = run_scores(_sessions())
+    a0 = scores[(scores.variant == "a") & (scores.seed == 0)].iloc[0]
+    assert (a0.base, a0.final, a0.avg, a0.pd, a0.novel_s1) == (90.0, 70.0, 80.0, 20.0, 50.0)
+    table = study_table(_sessions(), ["b", "a"], reference="a")
+    assert list(table.index) == ["b", "a", PROTOTYPE]
+    assert table.loc["a", ("avg", "mean")] == pytest.approx(75.0)
+    assert table.loc["a", ("avg", "std")] == pytest.approx(np.std([80.0, 70.0], ddof=1))
+    assert table.loc["b", ("final", "mean")] == pytest.approx(75.0)
+    # the prototype row: the reference variant's backbone NCM column (85, 80, 75 in every run)
+    assert table.loc[PROTOTYPE, ("avg", "mean")] == pytest.approx(80.0)
+    assert table.loc[PROTOTYPE, ("pd", "std")] == pytest.approx(0.0)
+    md = table_markdown(table)
+    assert "| a | 2 | 85.00 ± 7.07 | 65.00 ± 7.07 | 75.00 ± 7.07 | 20.00 ± 0.00 | 50.50 ± 0.71 |" in md
+
+
+def test_tiny_study_end_to_end(tmp_path, monkeypatch):
+    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
+    out = tmp_path / "ablation"
+    sessions = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out)
+    runs = pd.read_csv(out / "runs.csv")
+    assert sorted(zip(runs.variant, runs.seed, strict=True)) == [("dual_ssm", 0), ("dual_ssm", 1),
+                                                                ("mamba_fscil", 0), ("mamba_fscil", 1)]
+    assert set(sessions.groupby(["variant", "seed"]).size()) == {4}  # base + 3 sessions each
+    table = pd.read_csv(out / "table.csv", header=[0, 1], index_col=0)
+    mean = sessions[sessions.variant == "mamba_fscil"].groupby("seed")["acc"].mean().mean()
+    assert table.loc["mamba_fscil", ("avg", "mean")] == pytest.approx(mean, abs=1e-3)
+    assert (out / "accuracy.png").stat().st_size > 0 and (out / "table.md").is_file()
+    # both variants have the same model and base sections: one base model per seed serves both
+    assert len(list((tmp_path / "ablation.work" / "bases").iterdir())) == 2
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(study, "run_candidate", fail)
+    again = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out)
+    pd.testing.assert_frame_equal(again, sessions)
