@@ -165,6 +165,10 @@ class IncrementalConfig(SectionConfig):
     """What the suppression loss acts on: z (the paper), silu_z, mu_inc."""
     freeze_base: bool = True
     """Freeze p_iden and g_base after the base session (the paper); false: they train in every session too."""
+    inc_init: str = "random"
+    """How g_inc starts in session 1: random (its own fresh initialisation) or base (a copy of the trained g_base with
+    the gate p_z zeroed). Either way mu_inc = 0 when session 1 starts (appendix "Initialization of the Incremental
+    Branch")."""
     mixup_ratio: float = 0.5
     """Feature-mixup ratio."""
     mixup_prob: float = 0.0
@@ -188,6 +192,7 @@ class IncrementalConfig(SectionConfig):
         check(0 <= self.mixup_prob <= 1, "incremental", "mixup_prob", "must be in [0, 1]")
         for key in ("lambda1", "lambda2", "lambda3"):
             check(getattr(self, key) >= 0, "incremental", key, "must be >= 0")
+        check(self.inc_init in ("random", "base"), "incremental", "inc_init", "must be random or base")
         check(self.grad_clip_norm is None or self.grad_clip_norm > 0, "incremental", "grad_clip_norm",
               "must be > 0 or null")
 
@@ -227,6 +232,8 @@ class SelectionConfig(SectionConfig):
     """Stage 1b candidates of incremental.suppression."""
     k_paths: list[int] = field(default_factory=lambda: [1, 2, 4])
     """Stage 1c candidates of model.k_paths (each trains its own base model)."""
+    inc_init: list[str] = field(default_factory=lambda: ["random", "base"])
+    """Stage 1d candidates of incremental.inc_init (not in the paper's list: how g_inc starts in session 1)."""
     lambda1: list[float] = field(default_factory=lambda: [50.0, 100.0, 150.0, 200.0])
     """Stage 2 candidates of incremental.lambda1 (chosen with lambda2 = lambda3 = 0)."""
     lambda2: list[float] = field(default_factory=lambda: [0.001, 0.01, 0.1, 1.0])
@@ -243,13 +250,14 @@ class SelectionConfig(SectionConfig):
               "must be in (0, 1) or null")
         for key in ("sessions", "ways", "shots", "base_epochs"):
             check(getattr(self, key) is None or getattr(self, key) >= 1, "selection", key, "must be >= 1 or null")
-        for key in ("freeze_base", "suppression", "k_paths", "lambda1", "lambda2", "lambda3"):
+        for key in ("freeze_base", "suppression", "k_paths", "inc_init", "lambda1", "lambda2", "lambda3"):
             values = getattr(self, key)
             check(len(values) >= 1, "selection", key, "must list at least one candidate")
             check(len(set(values)) == len(values), "selection", key, "lists a candidate twice")
         check(set(self.suppression) <= set(SUPPRESSION_TARGETS), "selection", "suppression",
               f"must be a list of {sorted(SUPPRESSION_TARGETS)}")
         check(set(self.k_paths) <= {1, 2, 4}, "selection", "k_paths", "must be a list of 1, 2 or 4")
+        check(set(self.inc_init) <= {"random", "base"}, "selection", "inc_init", "must be a list of random or base")
         for key in ("lambda1", "lambda2", "lambda3"):
             check(min(getattr(self, key)) >= 0, "selection", key, "must be >= 0")
 

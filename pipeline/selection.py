@@ -179,6 +179,7 @@ def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str
         ("architecture", "incremental.freeze_base", sel.freeze_base, no_aux),
         ("architecture", "incremental.suppression", sel.suppression, no_aux),
         ("architecture", "model.k_paths", sel.k_paths, no_aux),
+        ("architecture", "incremental.inc_init", sel.inc_init, no_aux),
         ("loss_weights", "incremental.lambda1", sel.lambda1, no_aux),
         ("loss_weights", "incremental.lambda2", sel.lambda2, {"incremental.lambda3": 0.0}),
         ("loss_weights", "incremental.lambda3", sel.lambda3, {}),

@@ -26,6 +26,7 @@ from tests.pipeline_fixtures import cli, run_stage, write_params
 # of the 8 base classes: 4 pseudo-base + 2 pseudo sessions x 2 ways; one candidate per factor but two for
 # freeze_base, so the whole selection trains one tiny base model and four candidates
 TINY_SELECTION = {"sessions": 2, "freeze_base": [True, False], "suppression": ["z"], "k_paths": [4],
+                  "inc_init": ["random"],
                   "lambda1": [10.0], "lambda2": [0.1], "lambda3": [0.1]}
 
 
@@ -95,12 +96,12 @@ def test_selection_reads_only_base_training_images(real_pack, selection_run):
 
     # freeze_base true/false, then the suppression .. lambda1 candidates repeat the chosen one (not rerun), while
     # lambda2 (with lambda3 = 0) and lambda3 each add one run; all on the same base model
-    assert len(runs) == 4 and len(result["rows"]) == 7
+    assert len(runs) == 4 and len(result["rows"]) == 8
     assert [r.incremental.lambda3 for r in runs] == [0.0, 0.0, 0.0, 0.1]
     assert len(list((work / "bases").iterdir())) == 1
     assert all(np.isfinite(row["avg"]) and 0 <= row["avg"] <= 100 for row in result["rows"])
     table = (selection_run.out / "selection.csv").read_text().splitlines()
-    assert table[0] == "stage,key,value,avg,final,pd,base,seconds,chosen" and len(table) == 8
+    assert table[0] == "stage,key,value,avg,final,pd,base,seconds,chosen" and len(table) == 9
 
 
 def test_pseudo_pack_shape_and_seed(real_pack, tmp_path):
@@ -142,7 +143,8 @@ def test_selection_follows_the_paper_order(real_pack, tmp_path, monkeypatch):
     }
     calls: list = []
     monkeypatch.setattr(selection, "run_candidate", _fake_candidate(scores, calls))
-    sets = SelectionConfig(seed=3, base_epochs=2, k_paths=[1, 2, 4], lambda1=[1.0, 10.0, 30.0])
+    sets = SelectionConfig(seed=3, base_epochs=2, k_paths=[1, 2, 4], inc_init=["random"],
+                           lambda1=[1.0, 10.0, 30.0])
     result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
 
     expected = [(True, "z", 4, 10.0, 0.0, 0.0), (False, "z", 4, 10.0, 0.0, 0.0),  # stage 1a
@@ -154,18 +156,19 @@ def test_selection_follows_the_paper_order(real_pack, tmp_path, monkeypatch):
     assert [values for values, _, _ in calls] == expected
     assert {(seed, epochs) for _, seed, epochs in calls} == {(3, 2)}
     chosen = {"incremental.freeze_base": False, "incremental.suppression": "z", "model.k_paths": 2,
-              "incremental.lambda1": 10.0, "incremental.lambda2": 0.001, "incremental.lambda3": 0.3}
+              "incremental.inc_init": "random", "incremental.lambda1": 10.0, "incremental.lambda2": 0.001,
+              "incremental.lambda3": 0.3}
     assert result["chosen"] == chosen
 
     out = tmp_path / "out"
     table = (out / "selection.csv").read_text().splitlines()
-    assert len(table) == 1 + 2 + 3 + 3 + 3 + 4 + 4
-    assert sum(line.endswith(",True") for line in table) == 6
+    assert len(table) == 1 + 2 + 3 + 3 + 1 + 3 + 4 + 4
+    assert sum(line.endswith(",True") for line in table) == 7
     text = (out / "selected.yaml").read_text()
     assert text.startswith("# fscil select") and "seed 3" in text
     fragment = yaml.safe_load(text)
-    assert fragment == {"incremental": {"freeze_base": False, "suppression": "z", "lambda1": 10.0, "lambda2": 0.001,
-                                        "lambda3": 0.3}, "model": {"k_paths": 2}}
+    assert fragment == {"incremental": {"freeze_base": False, "suppression": "z", "inc_init": "random",
+                                        "lambda1": 10.0, "lambda2": 0.001, "lambda3": 0.3}, "model": {"k_paths": 2}}
     merged = load_config(write_params(tmp_path / "merged.yaml", **fragment))
     assert (merged.model.k_paths, merged.incremental.freeze_base, merged.incremental.lambda3) == (2, False, 0.3)
     assert merged.model.dim == cfg.model.dim  # the fragment touches nothing else

@@ -58,6 +58,15 @@ class Projector(nn.Module):
         """The branch trained in incremental sessions (and regularised by the class-sensitive losses)."""
         return self.g_inc if self.g_inc is not None else self.g_base
 
+    @torch.no_grad()
+    def start_inc_from_base(self) -> None:
+        """g_inc := the trained g_base with its gate p_z zeroed, so mu_inc = 0 still holds when session 1 starts but
+        the x path, p_mlp and the scan start from what the base session learned (option incremental.inc_init)."""
+        if self.g_inc is None:
+            raise ValueError(f"projector {self.kind!r} has no g_inc")
+        self.g_inc.load_state_dict(self.g_base.state_dict())
+        self.g_inc.zero_gate()
+
     def frozen_after_base(self) -> list[nn.Module]:
         return [self.p_iden, self.g_base] if self.g_inc is not None else [self.p_iden]
 

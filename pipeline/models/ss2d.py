@@ -62,11 +62,15 @@ class BranchBase(nn.Module):
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         self.in_proj = nn.Linear(d, 2 * di, bias=False)  # -> x (p_x) and z (p_z), eq. ssm_branch_scan_and_gate
         if zero_init_gate:
-            with torch.no_grad():
-                self.in_proj.weight[di:].zero_()  # Z = 0, so SiLU(Z) = 0 and mu = 0 at the start of session 1
+            self.zero_gate()
         self.conv = nn.Conv2d(di, di, dims.d_conv, padding=dims.d_conv // 2, groups=di, bias=True)
         self.out_norm = nn.LayerNorm(di) if dims.out_norm else nn.Identity()
         self.out_proj = nn.Linear(di, d, bias=False) if di != d else nn.Identity()
+
+    @torch.no_grad()
+    def zero_gate(self) -> None:
+        """p_z = 0: Z = 0, so SiLU(Z) = 0 and mu = 0 (appendix "Initialization of the Incremental Branch")."""
+        self.in_proj.weight[self.dims.d_inner:].zero_()
 
     def mix(self, x: torch.Tensor, hw: tuple[int, int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """x: (N, D_inner, H, W) after conv + SiLU -> y: (N, L, D_inner) row-major, plus generated parameters."""

@@ -91,6 +91,11 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         projector.adapting_branch.load_state_dict(unprefixed(state, "adapting"))
         classifier.load_state_dict(unprefixed(state, "classifier"))
         memory = ClassMeanMemory.from_tensors(state)
+    elif cfg.incremental.inc_init == "base":
+        if projector.g_inc is None:
+            raise FSCILError(f"params: incremental.inc_init=base needs a projector with g_inc, "
+                             f"not model.projector={cfg.model.projector}")
+        projector.start_inc_from_base()
     if cfg.incremental.freeze_base:
         projector.freeze_base()
     frozen_before = frozen_digest(projector)
