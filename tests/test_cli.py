@@ -66,3 +66,23 @@ def test_model_benchmark_reports_times():
     assert result.exit_code == 0, result.output
     out = json.loads(result.output.splitlines()[0])
     assert out["forward_ms"] > 0 and out["forward_backward_ms"] > out["forward_ms"] * 0.5
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_threads_param_pins_torch_threads(tmp_path, threads):
+    # CPU results depend on the intra-op thread count, so every stage takes it from params, not from the machine
+    import torch
+
+    before = torch.get_num_threads()
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"preset": "synthetic", "threads": threads}))
+    try:
+        result = cli("config", "show", "--params", str(params))
+        assert result.exit_code == 0, result.output
+        assert yaml.safe_load(result.output)["threads"] == threads
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+    params.write_text(yaml.safe_dump({"preset": "synthetic", "threads": 0}))
+    result = cli("config", "show", "--params", str(params))
+    assert result.exit_code == 2 and "threads must be a positive integer" in result.output
