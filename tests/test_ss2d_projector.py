@@ -148,3 +148,24 @@ def test_identity_p_iden_when_widths_match():
     proj = Projector("dual_ssm", 16, HW, DIMS)
     f = torch.randn(2, 16, *HW)
     torch.testing.assert_close(proj(f).mu_iden, f.mean((2, 3)))
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_mlp_baseline_starts_at_the_ssm_output_scale(k):
+    # with g_inc's gate at zero the first gradient reaches only p_z and is proportional to the mixer's output y;
+    # PyTorch's default init gave the MLP y ~ 0.6 x against the scan's K x, and its g_inc stayed shut for sessions
+    dims = BranchDims(dim=64, d_state=8, dt_rank=8, k_paths=k)
+    grads = {}
+    for name, cls in (("mlp", MLPBranch), ("ssm", SS2DBranch)):
+        torch.manual_seed(0)
+        branch = cls(32, HW, dims, zero_init_gate=True)
+        f = torch.randn(64, 32, *HW)
+        x = F.silu(branch.conv(branch.in_proj(branch.p_mlp(f).flatten(2).transpose(1, 2) + branch.pos_embed)
+                               .chunk(2, dim=-1)[0].transpose(1, 2).reshape(64, -1, *HW)))
+        y, _ = branch.mix(x, HW)
+        ratio = (y.pow(2).mean() / x.pow(2).mean()).sqrt().item()
+        assert k / 2 <= ratio <= 2 * k, (name, ratio)
+        branch(f).sum().backward()
+        grads[name] = branch.in_proj.weight.grad[dims.d_inner:].norm().item()  # p_z: the only non-zero gradient
+        assert branch.in_proj.weight.grad[:dims.d_inner].abs().max() == 0
+    assert 0.4 <= grads["mlp"] / grads["ssm"] <= 2.5, grads

@@ -157,6 +157,13 @@ class MLPBranch(BranchBase):
     the SS2D mixer it replaces (`matched_mlp_hidden`). The rest of the branch (p_mlp, positional embedding,
     in_proj, conv, the SiLU(Z) gate, pooling) is shared, so the suppression loss applies to Z; it generates no
     B / C / Delta.
+
+    Initial scale: with g_inc's gate at zero, the only gradient at the start of session 1 is the one on p_z, and it
+    is proportional to the mixer's output y. The SS2D mixer starts as y = K * x (D = 1 on each of the K paths,
+    the scan term ~1e-3 of it), while PyTorch's default init gives a 3-layer MLP y ~ 0.6 x: seven times less
+    gradient, and the baseline's g_inc stayed shut for the first sessions (0 % novel accuracy on Omniglot). So the
+    hidden layers are variance-preserving (Kaiming, LeakyReLU gain) and the output layer has a gain of K: the
+    baseline starts with the same output scale as the mixer it replaces, and differs from it only in being static.
     """
 
     def __init__(self, in_channels: int, feature_hw: tuple[int, int], dims: BranchDims, zero_init_gate: bool = False):
@@ -164,6 +171,13 @@ class MLPBranch(BranchBase):
         di, hidden = dims.d_inner, matched_mlp_hidden(dims)
         self.mlp = nn.Sequential(nn.Linear(di, hidden), nn.LeakyReLU(0.1), nn.Linear(hidden, hidden),
                                  nn.LeakyReLU(0.1), nn.Linear(hidden, di))
+        with torch.no_grad():
+            for layer in self.mlp[:-1:2]:
+                nn.init.kaiming_normal_(layer.weight, a=0.1, nonlinearity="leaky_relu")
+                layer.bias.zero_()
+            last = self.mlp[-1]
+            nn.init.normal_(last.weight, std=dims.k_paths / math.sqrt(hidden))
+            last.bias.zero_()
 
     def mix(self, x: torch.Tensor, hw: tuple[int, int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         tokens = x.flatten(2).transpose(1, 2)  # (N, L, D_inner)
