@@ -28,7 +28,7 @@ import yaml
 from pipeline.atomic import atomic_output, atomic_write_text
 from pipeline.config import Config, SelectionConfig
 from pipeline.data.pack import ImagePack, PackContent, chunk_rows, write_pack
-from pipeline.data.protocol import FSCILProtocol, Session
+from pipeline.data.protocol import FSCILProtocol
 from pipeline.data.sampling import draw_sessions, split_test
 from pipeline.errors import FSCILError
 from pipeline.report import session_table, summarise, summarise_prototypes
@@ -104,13 +104,7 @@ def pseudo_pack(pack_path: Path, out_path: Path, base_fraction: float | None = N
         val = np.flatnonzero(is_val & (new_label[labels] >= 0))
         blocks = [by_class(pos) for pos in train_blocks] + [by_class(val)]
         order = ids[np.concatenate(blocks)]  # pseudo id -> parent id
-        bounds = np.cumsum([0] + [len(b) for b in blocks])
-        first_class = np.cumsum([0, n_base] + [ways] * sessions)
-        protocol = FSCILProtocol(
-            [Session(t, np.arange(first_class[t], first_class[t + 1]), np.arange(bounds[t], bounds[t + 1]))
-             for t in range(len(train_blocks))],
-            test_ids=np.arange(bounds[-2], bounds[-1]),
-        )
+        protocol = FSCILProtocol.from_layout([len(b) for b in blocks[:-1]], [n_base] + [ways] * sessions, len(val))
         pseudo_labels = new_label[parent.labels[order]]
         class_names = [parent.class_names[c] for c in used]
         protocol.validate(pseudo_labels, ways=ways, shots=shots, class_names=class_names)

@@ -61,13 +61,8 @@ def assemble(source: SourceDataset, train_sessions: list[np.ndarray], image_size
     if missing is not None:
         raise FSCILError(f"missing image file {source.describe(missing)}")
 
-    bounds = np.cumsum([0] + [len(b) for b in blocks])
-    first_class = np.cumsum([0] + [len(c) for c in session_classes])
-    protocol = FSCILProtocol(
-        [Session(t, np.arange(first_class[t], first_class[t + 1]), np.arange(bounds[t], bounds[t + 1]))
-         for t in range(len(train_sessions))],
-        test_ids=np.arange(bounds[-2], bounds[-1]),
-    )
+    protocol = FSCILProtocol.from_layout([len(b) for b in blocks[:-1]], [len(c) for c in session_classes],
+                                         len(blocks[-1]))
     labels = new_label[source.labels[order]]
     class_names = [source.class_names[c] for c in old_order]
     try:

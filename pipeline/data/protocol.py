@@ -65,6 +65,17 @@ class FSCILProtocol:
             if s.index != t:
                 raise FSCILError(f"protocol: session at position {t} has index {s.index}")
 
+    @classmethod
+    def from_layout(cls, session_sizes: list[int], session_class_counts: list[int], num_test: int) -> FSCILProtocol:
+        """The protocol of a pack laid out session by session: the training samples of session 0, 1, ..., then
+        `num_test` test samples; class ids are session-ordered (session t introduces the next
+        session_class_counts[t] ids)."""
+        bounds = np.cumsum([0, *session_sizes, num_test])
+        first = np.cumsum([0, *session_class_counts])
+        sessions = [Session(t, np.arange(first[t], first[t + 1]), np.arange(bounds[t], bounds[t + 1]))
+                    for t in range(len(session_sizes))]
+        return cls(sessions, test_ids=np.arange(bounds[-2], bounds[-1]))
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, FSCILProtocol):
             return NotImplemented
