@@ -316,16 +316,6 @@ def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
         raise FSCILError(f"params: preset {preset!r} does not exist (choose from {', '.join(available_presets())})")
     merged = read_yaml(PRESET_DIR / f"{preset}.yaml")
     merged["preset"] = preset
-    variant = params.get("variant")
-    if variant is not None:
-        # a named ablation row (pipeline/variants/<name>.yaml): its keys override the preset's, params.yaml's
-        # non-null keys override both
-        if variant not in available_variants():
-            raise FSCILError(f"params: variant {variant!r} does not exist "
-                             f"(choose from {', '.join(available_variants())})")
-        for name, section in read_yaml(VARIANT_DIR / f"{variant}.yaml").items():
-            merged.setdefault(name, {}).update(section)
-    merged["variant"] = variant
     for key in ("seed", "device", "threads"):
         if params.get(key) is not None:
             merged[key] = params[key]
@@ -335,6 +325,16 @@ def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
             raise FSCILError(f"params: {name} must be a mapping")
         merged.setdefault(name, {})
         merged[name].update({k: v for k, v in section.items() if v is not None})
+    variant = params.get("variant")
+    if variant is not None:
+        # a named ablation row (pipeline/variants/<name>.yaml) is what its name says: the keys it sets (projector,
+        # which losses are off) win over the preset and params.yaml; every other key comes from them
+        if variant not in available_variants():
+            raise FSCILError(f"params: variant {variant!r} does not exist "
+                             f"(choose from {', '.join(available_variants())})")
+        for name, section in read_yaml(VARIANT_DIR / f"{variant}.yaml").items():
+            merged.setdefault(name, {}).update(section)
+    merged["variant"] = variant
     return merged
 
 

@@ -47,9 +47,12 @@ def test_supp_only_and_linear_rows():
     assert set(available_variants()) >= set(ROWS) | {"dual_ssm_supp", "linear_ce"}
 
 
-def test_params_override_a_variant_and_unknown_variant_is_an_error():
+def test_a_variant_wins_on_the_keys_it_sets_and_unknown_variant_is_an_error():
     cfg = build_config(_params("synthetic", "mamba_fscil", lambda1=3.0))
-    assert cfg.incremental.lambda1 == 3.0
+    assert cfg.incremental.lambda1 == 3.0  # mamba_fscil leaves the weights to the preset / params
+    row3 = build_config(_params("synthetic", "dual_ssm", lambda1=3.0, lambda3=0.5, lr=0.05))
+    assert (row3.incremental.lambda1, row3.incremental.lambda3) == (0.0, 0.0)  # the row has no such losses
+    assert row3.incremental.lr == 0.05  # keys it does not set still come from params
     with pytest.raises(FSCILError, match="variant 'nope' does not exist"):
         build_config(_params("synthetic", "nope"))
 
