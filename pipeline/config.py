@@ -226,6 +226,11 @@ class SelectionConfig(SectionConfig):
     """Training images per class in pseudo-incremental sessions (null: the real protocol's)."""
     base_epochs: int | None = None
     """Base-session epochs of the candidate runs (null: base.epochs)."""
+    steps: list[list[int]] = field(default_factory=list)
+    """Stage 0 candidates of incremental.steps (empty: keep the configured schedule; not in the paper's list: at CPU
+    budgets a session can end before it fits its own shots)."""
+    mixup_prob: list[float] = field(default_factory=list)
+    """Stage 0 candidates of incremental.mixup_prob (empty: keep the configured value)."""
     freeze_base: list[bool] = field(default_factory=lambda: [True, False])
     """Stage 1a candidates of incremental.freeze_base."""
     suppression: list[str] = field(default_factory=lambda: ["z", "silu_z", "mu_inc"])
@@ -250,6 +255,9 @@ class SelectionConfig(SectionConfig):
               "must be in (0, 1) or null")
         for key in ("sessions", "ways", "shots", "base_epochs"):
             check(getattr(self, key) is None or getattr(self, key) >= 1, "selection", key, "must be >= 1 or null")
+        for values in self.steps:
+            check(len(values) >= 1 and min(values) >= 1, "selection", "steps", "must list step schedules of >= 1")
+        check(all(0 <= p <= 1 for p in self.mixup_prob), "selection", "mixup_prob", "must be in [0, 1]")
         for key in ("freeze_base", "suppression", "k_paths", "inc_init", "lambda1", "lambda2", "lambda3"):
             values = getattr(self, key)
             check(len(values) >= 1, "selection", key, "must list at least one candidate")

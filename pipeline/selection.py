@@ -5,9 +5,11 @@ The real base session's training images are split, seeded, into a pseudo-base se
 sessions and a held-out pseudo test set, and written as an ordinary image pack, so each candidate runs the very
 training code of the pipeline (train_base, extract_features, train_session). Nothing of the real test set or of the
 real incremental sessions is ever read. Choices follow the paper's order, each by the highest pseudo AVG with the
-earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the suppression variant, K), with lambda1
-at its configured value and lambda2 = lambda3 = 0; stage 2 lambda1 (lambda2 = lambda3 = 0), then lambda2
-(lambda3 = 0), then lambda3. A tie keeps the configured value, else the earliest candidate.
+earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the suppression variant, K, and our
+incremental.inc_init), with lambda1 at its configured value and lambda2 = lambda3 = 0; stage 2 lambda1
+(lambda2 = lambda3 = 0), then lambda2 (lambda3 = 0), then lambda3. Optional stage 0, not in the paper, comes first
+when candidates are given: the session schedule (incremental.steps, then mixup_prob). A tie keeps the configured
+value, else the earliest candidate.
 """
 
 from __future__ import annotations
@@ -169,7 +171,9 @@ def run_candidate(cfg: Config, pseudo_pack_path: Path, work_dir: Path, base_cach
 def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str, Any]]]:
     """(stage, dotted key, candidates, values held while choosing it) in the paper's order."""
     no_aux = {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
-    return [
+    schedule = [("schedule", key, values, no_aux) for key, values in
+                (("incremental.steps", sel.steps), ("incremental.mixup_prob", sel.mixup_prob)) if values]
+    return schedule + [
         ("architecture", "incremental.freeze_base", sel.freeze_base, no_aux),
         ("architecture", "incremental.suppression", sel.suppression, no_aux),
         ("architecture", "model.k_paths", sel.k_paths, no_aux),

@@ -26,7 +26,7 @@ from tests.pipeline_fixtures import cli, run_stage, write_params
 # of the 8 base classes: 4 pseudo-base + 2 pseudo sessions x 2 ways; one candidate per factor but two for
 # freeze_base, so the whole selection trains one tiny base model and four candidates
 TINY_SELECTION = {"sessions": 2, "freeze_base": [True, False], "suppression": ["z"], "k_paths": [4],
-                  "inc_init": ["random"],
+                  "inc_init": ["random"], "steps": [], "mixup_prob": [],
                   "lambda1": [10.0], "lambda2": [0.1], "lambda3": [0.1]}
 
 
@@ -226,3 +226,14 @@ def test_cli_select(real_pack, tmp_path, monkeypatch):
     assert "chosen: incremental.freeze_base=True" in result.output and "incremental.lambda3=0.1" in result.output
     assert sorted(p.name for p in out.iterdir()) == ["selected.yaml", "selection.csv", "selection.json"]
     assert (tmp_path / "chosen.work" / "pseudo_pack.h5").is_file() and len(calls) == 4
+
+
+def test_schedule_stage_comes_first_and_only_when_asked():
+    keys = [key for _, key, _, _ in selection.selection_order(SelectionConfig())]
+    assert keys[0] == "incremental.freeze_base" and "incremental.steps" not in keys  # the paper's protocol
+    sets = SelectionConfig(steps=[[100], [200]], mixup_prob=[0.5, 0.0])
+    order = selection.selection_order(sets)
+    assert [(stage, key) for stage, key, _, _ in order[:3]] == [
+        ("schedule", "incremental.steps"), ("schedule", "incremental.mixup_prob"),
+        ("architecture", "incremental.freeze_base")]
+    assert order[0][2] == [[100], [200]] and order[0][3] == {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
