@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -245,16 +246,24 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
                 started = time.time()
                 scratch = work_dir / "candidate"
                 shutil.rmtree(scratch, ignore_errors=True)
-                score = run_candidate(cand, pseudo_path, scratch, work_dir / "bases")
+                try:
+                    score = run_candidate(cand, pseudo_path, scratch, work_dir / "bases")
+                except FSCILError as err:
+                    if "non-finite loss" not in str(err):
+                        raise
+                    # a candidate that diverges is a candidate that loses, not the end of the selection
+                    score = {s: float("nan") for s in SCORES} | {"diverged": str(err).splitlines()[0]}
                 shutil.rmtree(scratch, ignore_errors=True)
                 results[ckey] = {**score, "seconds": round(time.time() - started, 2)}
                 atomic_write_text(results_path, json.dumps(results, indent=2) + "\n")
             result = results[ckey]
-            scores.append(result["avg"])
+            scores.append(-math.inf if math.isnan(result["avg"]) else result["avg"])
             rows.append({"stage": stage, "key": key, "value": value, **{s: result[s] for s in SCORES},
-                         "seconds": result["seconds"], "chosen": False})
+                         "seconds": result["seconds"], "diverged": "diverged" in result, "chosen": False})
             took = "cached" if cached else f"{result['seconds']:.0f} s"
-            say(f"{key}={value}: AVG {result['avg']:.2f} final {result['final']:.2f} ({took})")
+            outcome = (f"diverged ({result['diverged']})" if "diverged" in result
+                       else f"AVG {result['avg']:.2f} final {result['final']:.2f}")
+            say(f"{key}={value}: {outcome} ({took})")
         chosen[key] = choose(values, scores, _get(cfg, key))
         for row in rows[-len(values):]:
             row["chosen"] = row["value"] == chosen[key]

@@ -108,3 +108,10 @@ def test_feature_mixup_fixed_ratio_and_probability():
     assert sorted(perm) == [0, 1, 2, 3]
     same, ya, yb, lam = feature_mixup(mu, y, 0.5, 0.0, torch.Generator().manual_seed(0))
     assert same is mu and torch.equal(yb, y) and torch.equal(lam, torch.ones(4))
+
+
+def test_dr_scale_weights_the_dr_loss_only():
+    # the authors' x10 belongs to the ETF head's DR loss; scaling cross-entropy by it made base training diverge
+    from pipeline.losses.classification import loss_scale
+
+    assert loss_scale("etf", 10.0) == 10.0 and loss_scale("linear", 10.0) == 1.0

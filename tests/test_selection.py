@@ -4,6 +4,7 @@ incremental.freeze_base=false training p_iden/g_base across sessions."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -101,7 +102,7 @@ def test_selection_reads_only_base_training_images(real_pack, selection_run):
     assert len(list((work / "bases").iterdir())) == 1
     assert all(np.isfinite(row["avg"]) and 0 <= row["avg"] <= 100 for row in result["rows"])
     table = (selection_run.out / "selection.csv").read_text().splitlines()
-    assert table[0] == "stage,key,value,avg,final,pd,base,seconds,chosen" and len(table) == 9
+    assert table[0] == "stage,key,value,avg,final,pd,base,seconds,diverged,chosen" and len(table) == 9
 
 
 def test_pseudo_pack_shape_and_seed(real_pack, tmp_path):
@@ -237,3 +238,21 @@ def test_schedule_stage_comes_first_and_only_when_asked():
         ("schedule", "incremental.steps"), ("schedule", "incremental.mixup_prob"),
         ("architecture", "incremental.freeze_base")]
     assert order[0][2] == [[100], [200]] and order[0][3] == {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
+
+
+def test_a_diverging_candidate_loses_and_the_selection_goes_on(real_pack, tmp_path, monkeypatch):
+    params, paths = real_pack
+    cfg = load_config(params)
+
+    def run(cand, *args):
+        if cand.incremental.lambda1 == 30.0:
+            raise FSCILError("session 1: non-finite loss at step 10; nothing written")
+        return {"avg": 50.0 + cand.incremental.lambda1, "final": 1.0, "pd": 1.0, "base": 1.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    sets = SelectionConfig(freeze_base=[True], suppression=["z"], k_paths=[4], inc_init=["random"],
+                           lambda1=[1.0, 10.0, 30.0], lambda2=[0.0], lambda3=[0.0])
+    result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    assert result["chosen"]["incremental.lambda1"] == 10.0  # 30 would score highest had it not diverged
+    rows = [r for r in result["rows"] if r["key"] == "incremental.lambda1"]
+    assert [r["diverged"] for r in rows] == [False, False, True] and math.isnan(rows[2]["avg"])

@@ -24,7 +24,7 @@ from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.errors import FSCILError
 from pipeline.file_digest import file_digest
-from pipeline.losses.classification import CLASSIFICATION_LOSSES, mixed_loss
+from pipeline.losses.classification import CLASSIFICATION_LOSSES, loss_scale, mixed_loss
 from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.training.checkpoint import load_checkpoint, read_metadata, save_checkpoint
 from pipeline.training.distributed import (
@@ -152,6 +152,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
             net = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
         opt = _optimizer(model, cfg)
         loss_fn = CLASSIFICATION_LOSSES[cfg.model.classifier]
+        scale = loss_scale(cfg.model.classifier, cfg.base.dr_scale)
         steps_per_epoch = len(train_ids) // batch
         total_steps = cfg.base.epochs * steps_per_epoch
         meta = {"kind": "base-resume", "config": config_digest(cfg), "data": pack.content_hash}
@@ -186,7 +187,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
                                          cfg.base.mix_prob, 0.5, gen)
                     x, y_a, y_b, lam = mixed.images, mixed.target_a, mixed.target_b, mixed.lam
                 logits = net(x[local])
-                loss = mixed_loss(loss_fn, logits, y_a[local], y_b[local], lam[local], scale=cfg.base.dr_scale)
+                loss = mixed_loss(loss_fn, logits, y_a[local], y_b[local], lam[local], scale=scale)
                 # the global-batch loss (mean of the equal slices' means): every process logs and checks the same one
                 global_loss = all_reduce_sum(loss.detach(), group) / group.world_size
                 if not torch.isfinite(global_loss):

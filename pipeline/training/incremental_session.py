@@ -21,7 +21,7 @@ from tqdm import tqdm
 from pipeline.errors import FSCILError
 from pipeline.file_digest import file_digest
 from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
-from pipeline.losses.classification import CLASSIFICATION_LOSSES, mixed_loss
+from pipeline.losses.classification import CLASSIFICATION_LOSSES, loss_scale, mixed_loss
 from pipeline.losses.feature_mixup import feature_mixup
 from pipeline.models.fscil import build_head
 from pipeline.store.feature_store import FeatureStore
@@ -122,6 +122,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     opt = torch.optim.SGD([{"params": trainable, "initial_lr": inc.lr}], lr=inc.lr, momentum=inc.momentum,
                           weight_decay=inc.weight_decay)
     loss_fn = CLASSIFICATION_LOSSES[cfg.model.classifier]
+    scale = loss_scale(cfg.model.classifier, inc.dr_scale)
     suppress_target = SUPPRESSION_TARGETS[inc.suppression]
     steps = inc.session_value("steps", session)
     batch = min(inc.batch_size, len(y_all))
@@ -140,7 +141,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         out = projector(x_all[idx], mode="incremental", return_aux=True)
         y, is_base = y_all[idx], base_all[idx]
         mu, y_a, y_b, lam = feature_mixup(out.mu, y, inc.mixup_ratio, inc.mixup_prob, gen)
-        cls = mixed_loss(loss_fn, classifier(mu, num_seen), y_a, y_b, lam, scale=inc.dr_scale)
+        cls = mixed_loss(loss_fn, classifier(mu, num_seen), y_a, y_b, lam, scale=scale)
         supp = sep = torch.zeros((), device=device)
         if inc.lambda1 or inc.lambda2:
             target = suppress_target(out.aux, out.mu_inc)
