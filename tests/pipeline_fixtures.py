@@ -11,8 +11,10 @@ from stages.cli import app
 
 TINY_PARAMS = {
     "preset": "synthetic",
+    "variant": None,
     "seed": 0,
     "device": "cpu",
+    "threads": 2,
     "data": {"base_classes": 8, "ways": 2, "shots": 2, "sessions": 3, "train_per_class": 12,
              "novel_pool_per_class": 4, "test_per_class": 4},
     "model": {"backbone_widths": [8, 8, 16, 16], "dim": 16, "d_state": 4, "dt_rank": 4, "k_paths": 4},
