@@ -24,6 +24,7 @@ import pandas as pd
 from pipeline.atomic import atomic_output, atomic_write_text
 from pipeline.config import build_config
 from pipeline.data.prepare import build_pack
+from pipeline.errors import FSCILError
 from pipeline.selection import run_candidate
 
 RUNS_FILE = "runs.json"
@@ -58,16 +59,26 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
                 started = time.time()
                 scratch = work / "sessions"
                 shutil.rmtree(scratch, ignore_errors=True)
-                result = run_candidate(cfg, pack, scratch, work / "bases")
-                runs[key] = {"variant": variant, "seed": seed, "table": result["table"],
-                             "seconds": round(time.time() - started, 1)}
+                runs[key] = {"variant": variant, "seed": seed}
+                try:
+                    runs[key]["table"] = run_candidate(cfg, pack, scratch, work / "bases")["table"]
+                except FSCILError as err:
+                    if "non-finite loss" not in str(err):
+                        raise
+                    runs[key]["diverged"] = str(err).splitlines()[0]  # a result too: kept, counted, not averaged
+                runs[key]["seconds"] = round(time.time() - started, 1)
                 atomic_write_text(runs_path, json.dumps(runs, indent=2) + "\n")
+            if "diverged" in runs[key]:
+                say(f"{variant} seed {seed}: diverged ({runs[key]['diverged']})")
+                continue
             table = pd.DataFrame(runs[key]["table"])
             say(f"{variant} seed {seed}: AVG {table['acc'].mean():.2f} final {table['acc'].iloc[-1]:.2f} "
                 f"(prototype AVG {table['proto_backbone_acc'].mean():.2f})")
+    done = [k for k in keys if "table" in runs[k]]
     sessions = pd.concat([pd.DataFrame(runs[k]["table"]).assign(variant=runs[k]["variant"], seed=runs[k]["seed"])
-                          for k in keys], ignore_index=True)
-    write_study(sessions, out_dir, variants)
+                          for k in done], ignore_index=True)
+    diverged = {(runs[k]["variant"], runs[k]["seed"]): runs[k]["diverged"] for k in keys if "diverged" in runs[k]}
+    write_study(sessions, out_dir, variants, diverged)
     return sessions
 
 
@@ -135,8 +146,10 @@ def plot_study(sessions: pd.DataFrame, variants: list[str], path: Path, title: s
     plt.close(fig)
 
 
-def write_study(sessions: pd.DataFrame, out_dir: Path, variants: list[str]) -> pd.DataFrame:
-    """out_dir/{sessions.csv (every run's sessions), runs.csv (scores per run), table.csv, table.md, accuracy.png}."""
+def write_study(sessions: pd.DataFrame, out_dir: Path, variants: list[str],
+                diverged: dict[tuple[str, int], str] | None = None) -> pd.DataFrame:
+    """out_dir/{sessions.csv (every run's sessions), runs.csv (scores per run), table.csv, table.md, accuracy.png};
+    `diverged` runs ((variant, seed) -> message) are listed under the table, not averaged."""
     out_dir.mkdir(parents=True, exist_ok=True)
     table = study_table(sessions, variants)
     with atomic_output(out_dir / "sessions.csv") as tmp:
@@ -145,7 +158,9 @@ def write_study(sessions: pd.DataFrame, out_dir: Path, variants: list[str]) -> p
         run_scores(sessions).round(4).to_csv(tmp, index=False)
     with atomic_output(out_dir / "table.csv") as tmp:
         table.round(4).to_csv(tmp)
-    atomic_write_text(out_dir / "table.md", table_markdown(table))
+    notes = "".join(f"\n{variant} seed {seed} diverged: {why}\n"
+                    for (variant, seed), why in sorted((diverged or {}).items()))
+    atomic_write_text(out_dir / "table.md", table_markdown(table) + notes)
     seeds = sorted(sessions["seed"].unique())
     plot_study(sessions, variants, out_dir / "accuracy.png", f"{out_dir.name}: mean over seeds {seeds}")
     return table

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 import pipeline.study as study
+from pipeline.errors import FSCILError
 from pipeline.study import PROTOTYPE, run_scores, study_table, table_markdown
 from tests.pipeline_fixtures import TINY_PARAMS
 
@@ -60,3 +61,22 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "run_candidate", fail)
     again = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out)
     pd.testing.assert_frame_equal(again, sessions)
+
+
+def test_a_diverging_run_is_listed_not_averaged(tmp_path, monkeypatch):
+    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
+    real = study.run_candidate
+
+    def run(cfg, *args):
+        if cfg.variant == "mamba_fscil" and cfg.seed == 1:
+            raise FSCILError("session 1: non-finite loss at step 3; nothing written")
+        return real(cfg, *args)
+
+    monkeypatch.setattr(study, "run_candidate", run)
+    out = tmp_path / "ablation"
+    sessions = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out)
+    assert set(zip(sessions.variant, sessions.seed, strict=True)) == {("dual_ssm", 0), ("dual_ssm", 1),
+                                                                     ("mamba_fscil", 0)}
+    table = pd.read_csv(out / "table.csv", header=[0, 1], index_col=0)
+    assert table.loc["mamba_fscil", ("seeds", "n")] == 1
+    assert "mamba_fscil seed 1 diverged: session 1: non-finite loss" in (out / "table.md").read_text()
