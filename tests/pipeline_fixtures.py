@@ -21,7 +21,7 @@ TINY_PARAMS = {
     "base": {"epochs": 3, "batch_size": 32, "lr": 0.1, "warmup_steps": 1, "checkpoint_every": 1,
              "eval_batch_size": 64},
     "extract": {"batch_size": 64, "augmented_views": 1, "chunk_samples": 16},
-    "incremental": {"steps": [4], "batch_size": 8, "lambda1": 10.0, "lambda2": 0.1, "lambda3": 0.1,
+    "incremental": {"steps": [4], "batch_size": 8, "freeze_base": True, "lambda1": 10.0, "lambda2": 0.1, "lambda3": 0.1,
                     "mixup_prob": 0.5, "eval_batch_size": 64},
 }
 NUM_SESSIONS = 3
