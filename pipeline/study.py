@@ -161,6 +161,7 @@ def write_study(sessions: pd.DataFrame, out_dir: Path, variants: list[str],
     notes = "".join(f"\n{variant} seed {seed} diverged: {why}\n"
                     for (variant, seed), why in sorted((diverged or {}).items()))
     atomic_write_text(out_dir / "table.md", table_markdown(table) + notes)
-    seeds = sorted(sessions["seed"].unique())
-    plot_study(sessions, variants, out_dir / "accuracy.png", f"{out_dir.name}: mean over seeds {seeds}")
+    seeds = sorted(int(s) for s in sessions["seed"].unique())
+    plot_study(sessions, variants, out_dir / "accuracy.png",
+               f"{out_dir.name}: mean +- std over seeds {', '.join(map(str, seeds))}")
     return table
