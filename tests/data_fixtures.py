@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import pickle
 from pathlib import Path
 
@@ -10,15 +11,29 @@ import numpy as np
 import pytest
 from PIL import Image
 
-SPLITS = Path(__file__).resolve().parents[1].parent / "shared" / "splits" / "cec-index-list"
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+SPLITS = SHARED / "splits" / "cec-index-list"
+OMNIGLOT_SMALL1 = SHARED / "data" / "omniglot" / "images_background_small1.zip"
+
+
+def require_shared(path: Path, what: str) -> Path:
+    """`path` from ../shared; skipped where it is absent, except under CI (CI=true), where ../shared is always
+    beside the clone, so a missing file fails the test instead of silently skipping it."""
+    if not path.is_file():
+        if os.environ.get("CI"):
+            pytest.fail(f"shared {what} not found at {path} (CI runs with ../shared beside the clone)")
+        pytest.skip(f"shared {what} not found at {path}")
+    return path
 
 
 def real_split_dir(name: str) -> Path:
     """The shared CEC index lists for `name`, or skip the test when they are not available."""
-    path = SPLITS / name
-    if not (path / "session_1.txt").is_file():
-        pytest.skip(f"shared split files not found at {path}")
-    return path
+    return require_shared(SPLITS / name / "session_1.txt", "split files").parent
+
+
+def omniglot_small1() -> Path:
+    """The shared Omniglot background_small1 zip, or skip the test when it is not available."""
+    return require_shared(OMNIGLOT_SMALL1, "Omniglot zip")
 
 
 def random_images(n: int, height: int, width: int, seed: int = 0) -> np.ndarray:

@@ -15,10 +15,9 @@ from PIL import Image
 from pipeline.data.omniglot import OFFICIAL_DIGESTS, read_omniglot
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError
-from tests.data_fixtures import assert_prepare_fails
+from tests.data_fixtures import assert_prepare_fails, omniglot_small1
 from tests.pipeline_fixtures import cli
 
-SMALL1 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "omniglot" / "images_background_small1.zip"
 SET = "images_background"
 # 8 characters of 2 alphabets, 6 drawers each; written in a scrambled order so sorting is tested
 TREE = {f"{a}/character{c:02d}": 6 for a in ("Greek", "Balinese") for c in (3, 1, 4, 2)}
@@ -271,9 +270,7 @@ def test_protocol_too_large_for_the_characters(fake_zip, tmp_path: Path) -> None
 # ---- the real background_small1 zip --------------------------------------------------------------------
 @pytest.fixture
 def small1() -> Path:
-    if not SMALL1.is_file():
-        pytest.skip(f"shared Omniglot zip not found at {SMALL1}")
-    return SMALL1
+    return omniglot_small1()
 
 
 def test_real_small1_verifies_and_counts(small1: Path) -> None:

@@ -2,29 +2,27 @@
 
 A small Omniglot protocol (20 base classes, one 5-way 5-shot session, CPU widths, a short base schedule) through
 the pipeline's own training code; after session 1 the novel classes must be recognised far above chance
-(1 / 25 seen classes = 4 %). Uses the shared Omniglot zip (tests only); skipped where it is absent.
+(1 / 25 seen classes = 4 %). Uses the shared Omniglot zip (tests only); skipped where it is absent, failed
+when it is absent under CI.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from pipeline.config import build_config
 from pipeline.data.prepare import build_pack
 from pipeline.selection import run_candidate
+from tests.data_fixtures import OMNIGLOT_SMALL1, omniglot_small1
 
-SMALL1 = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "omniglot" / "images_background_small1.zip"
 PARAMS = {"preset": "omniglot", "device": "cpu", "threads": 2,
-          "data": {"root": str(SMALL1), "base_classes": 20, "ways": 5, "shots": 5, "sessions": 1},
+          "data": {"root": str(OMNIGLOT_SMALL1), "base_classes": 20, "ways": 5, "shots": 5, "sessions": 1},
           "base": {"epochs": 40, "batch_size": 64, "warmup_steps": 10}}
 
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory):
-    if not SMALL1.is_file():
-        pytest.skip(f"shared Omniglot zip not found at {SMALL1}")
+    omniglot_small1()
     path = tmp_path_factory.mktemp("omniglot") / "pack.h5"
     build_pack(build_config(PARAMS).data, path)
     return path
