@@ -152,7 +152,10 @@ class IncrementalConfig(SectionConfig):
     min_lr_ratio: float = 0.01
     """Cosine schedule ends at min_lr_ratio * lr."""
     copy: int = 1
-    """Copies of each earlier novel class's memory prototype in a session's training set."""
+    """Copies of each earlier novel class's replayed samples in a session's training set."""
+    replay: str = "mean"
+    """What stands for an earlier novel class in later sessions: mean (its class-mean map, the paper's memory) or
+    shots (its few stored shot maps, already in the feature store)."""
     base_copy: list[int] = field(default_factory=lambda: [1])
     """Copies of each base-class prototype: one value, or one per session."""
     lambda1: float = 100.0
@@ -186,6 +189,7 @@ class IncrementalConfig(SectionConfig):
         check(len(self.base_copy) >= 1 and min(self.base_copy) >= 0, "incremental", "base_copy", "must be >= 0")
         check(self.batch_size >= 1, "incremental", "batch_size", "must be >= 1")
         check(self.copy >= 0, "incremental", "copy", "must be >= 0")
+        check(self.replay in ("mean", "shots"), "incremental", "replay", "must be mean or shots")
         check(self.lr > 0, "incremental", "lr", "must be > 0")
         check(self.suppression in SUPPRESSION_TARGETS, "incremental", "suppression",
                f"must be one of {sorted(SUPPRESSION_TARGETS)}")

@@ -26,6 +26,7 @@ def _assert_one_line_error(result, *needles: str) -> None:
     ("model", {"k_paths": 3}, ["model.k_paths", "1, 2 or 4"]),
     ("model", {"projector": "transformer"}, ["model.projector", "dual_ssm"]),
     ("incremental", {"suppression": "norm"}, ["incremental.suppression"]),
+    ("incremental", {"replay": "all"}, ["incremental.replay", "mean or shots"]),
     ("data", {"dataset": "imagenet"}, ["data.dataset"]),
     ("extract", {"dtype": "int8"}, ["extract.dtype"]),
     ("base", {"mix_prob": 2.0}, ["base.mix_prob"]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -15,9 +16,10 @@ from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.models.fscil import build_head
 from pipeline.store.feature_store import FeatureStore
+from pipeline.store.memory import ClassMeanMemory
 from pipeline.training.base_session import load_base_model
 from pipeline.training.checkpoint import load_checkpoint, unprefixed
-from pipeline.training.incremental_session import frozen_digest
+from pipeline.training.incremental_session import frozen_digest, session_training_set
 from tests.pipeline_fixtures import NUM_SESSIONS, cli, run_stage
 
 
@@ -136,3 +138,33 @@ def test_session_order_is_enforced(tiny_run, tmp_path):
         result = cli("stage", "incremental", "--session", bad, "--params", str(params), "--data-dir", str(data))
         assert result.exit_code == 2 and "out of range" in result.output
         assert not (data / "sessions" / f"session_{bad}").exists()
+
+
+@pytest.mark.parametrize("replay", ["mean", "shots"])
+def test_session_training_set_is_eq_batch_split(tiny_run, replay):
+    """Session 3's training set, rebuilt by hand from the store: its shots + stored views, each earlier novel class
+    `copy` times (its mean map, or its own shots), each base mean `base_copy` times; only the base means are base."""
+    _, params, paths = tiny_run
+    cfg = load_config(params)
+    inc = dataclasses.replace(cfg.incremental, copy=2, base_copy=[1, 1, 3], replay=replay)
+    store = FeatureStore.open(paths.features)
+    base_maps, base_classes = store.base_memory()
+    memory = ClassMeanMemory.empty(store.map_shape)
+    for session in (1, 2):
+        memory = memory.added(*store.fewshot(session)[:2])
+    x, y, is_base = session_training_set(store, 3, memory, base_maps, base_classes, inc)
+
+    shots, labels, views = store.fewshot(3)
+    if replay == "shots":
+        earlier = [store.fewshot(k)[:2] for k in (1, 2)]
+        old_maps, old_labels = np.concatenate([e[0] for e in earlier]), np.concatenate([e[1] for e in earlier])
+        assert len(old_labels) == 2 * 2 * 2  # 2 sessions x 2 ways x 2 shots
+    else:
+        old_maps, old_labels = memory.maps, memory.classes
+    want_x = [shots, *views, old_maps, old_maps, base_maps, base_maps, base_maps]
+    want_y = [labels] * (1 + len(views)) + [old_labels, old_labels] + [base_classes] * 3
+    want_xs, want_ys = np.concatenate(want_x), np.concatenate(want_y)
+    assert x.shape == want_xs.shape and x.dtype == np.float32
+    rows = sorted((int(label), row.tobytes()) for label, row in zip(y, x, strict=True))
+    assert rows == sorted((int(label), row.tobytes()) for label, row in zip(want_ys, want_xs, strict=True))
+    assert is_base.sum() == 3 * len(base_classes) and (y[is_base] < 8).all() and (y[~is_base] >= 8).all()

@@ -64,6 +64,30 @@ def _check_session(session: int, num_sessions: int, prev_dir: Path | None) -> No
                          f"run `fscil stage incremental --session {session - 1}` first")
 
 
+def session_training_set(store: FeatureStore, session: int, memory: ClassMeanMemory, base_maps: np.ndarray,
+                         base_classes: np.ndarray, inc) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Session `session`'s training set (eq. batch_split): maps (N, C, H, W), labels (N,), is_base (N,) bool.
+
+    The session's shots (+ their stored augmented views); each earlier novel class replayed `copy` times, by its
+    class-mean map (replay=mean, the paper's memory) or by its own stored shots (replay=shots); each base-class
+    mean map repeated `base_copy` times, the base group of the class-sensitive losses.
+    """
+    shots, shot_labels, views = store.fewshot(session)
+    parts = [(shots, shot_labels, False)] + [(v, shot_labels, False) for v in (views if views is not None else [])]
+    if inc.copy and len(memory.classes):
+        if inc.replay == "shots":
+            earlier = [store.fewshot(k)[:2] for k in range(1, session)]
+            replay_maps, replay_classes = (np.concatenate(x) for x in zip(*earlier, strict=True))
+        else:
+            replay_maps, replay_classes = memory.maps, memory.classes
+        parts.append((np.repeat(replay_maps, inc.copy, axis=0), np.repeat(replay_classes, inc.copy), False))
+    base_copy = inc.session_value("base_copy", session)
+    if base_copy:
+        parts.append((np.repeat(base_maps, base_copy, axis=0), np.repeat(base_classes, base_copy), True))
+    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]).astype(np.int64),
+            np.concatenate([np.full(len(p[1]), p[2]) for p in parts]))
+
+
 def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir: Path | None, out_dir: Path,
                   show_progress: bool = True) -> dict:
     """Train g_inc for one session and write out_dir/{state.safetensors, metrics.json}; returns the metrics."""
@@ -102,20 +126,10 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     projector.to(device)
     classifier.to(device)
 
-    # the session's training set (eq. batch_split)
     inc = cfg.incremental
-    shots, shot_labels, views = store.fewshot(session)
-    parts = [(shots, shot_labels, False)]
-    if views is not None:
-        parts += [(v, shot_labels, False) for v in views]
-    if inc.copy and len(memory.classes):
-        parts.append((np.repeat(memory.maps, inc.copy, axis=0), np.repeat(memory.classes, inc.copy), False))
-    base_copy = inc.session_value("base_copy", session)
-    if base_copy:
-        parts.append((np.repeat(base_maps, base_copy, axis=0), np.repeat(base_classes, base_copy), True))
-    x_all = torch.from_numpy(np.concatenate([p[0] for p in parts])).to(device)
-    y_all = torch.from_numpy(np.concatenate([p[1] for p in parts]).astype(np.int64)).to(device)
-    base_all = torch.from_numpy(np.concatenate([np.full(len(p[1]), p[2]) for p in parts])).to(device)
+    shots, shot_labels, _ = store.fewshot(session)
+    x_np, y_np, base_np = session_training_set(store, session, memory, base_maps, base_classes, inc)
+    x_all, y_all, base_all = (torch.from_numpy(a).to(device) for a in (x_np, y_np, base_np))
     num_seen = int(shot_labels.max()) + 1
 
     trainable = [p for p in projector.parameters() if p.requires_grad] + list(classifier.parameters())
