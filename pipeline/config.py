@@ -218,6 +218,9 @@ class SelectionConfig(SectionConfig):
     section: typing.ClassVar[str] = "selection"
     seed: int = 0
     """Seed of the pseudo protocol and of every candidate run (the paper: 0)."""
+    protocols: int = 1
+    """Pseudo protocols drawn (seeds seed, seed + 1, ...); a candidate's score is its mean pseudo AVG over them
+    (the paper: 1). With a few held-out images per class one protocol's margins are often below one image."""
     val_fraction: float = 0.2
     """Fraction of each base class's training images held out as the pseudo test set."""
     base_fraction: float | None = None
@@ -235,6 +238,12 @@ class SelectionConfig(SectionConfig):
     budgets a session can end before it fits its own shots)."""
     mixup_prob: list[float] = field(default_factory=list)
     """Stage 0 candidates of incremental.mixup_prob (empty: keep the configured value)."""
+    replay: list[str] = field(default_factory=list)
+    """Stage 0 candidates of incremental.replay (empty: keep the configured value)."""
+    copy: list[int] = field(default_factory=list)
+    """Stage 0 candidates of incremental.copy (empty: keep the configured value)."""
+    base_copy: list[list[int]] = field(default_factory=list)
+    """Stage 0 candidates of incremental.base_copy (empty: keep the configured value)."""
     freeze_base: list[bool] = field(default_factory=lambda: [True, False])
     """Stage 1a candidates of incremental.freeze_base."""
     suppression: list[str] = field(default_factory=lambda: ["z", "silu_z", "mu_inc"])
@@ -262,6 +271,11 @@ class SelectionConfig(SectionConfig):
         for values in self.steps:
             check(len(values) >= 1 and min(values) >= 1, "selection", "steps", "must list step schedules of >= 1")
         check(all(0 <= p <= 1 for p in self.mixup_prob), "selection", "mixup_prob", "must be in [0, 1]")
+        check(self.protocols >= 1, "selection", "protocols", "must be >= 1")
+        check(set(self.replay) <= {"mean", "shots"}, "selection", "replay", "must be a list of mean or shots")
+        check(all(c >= 0 for c in self.copy), "selection", "copy", "must be >= 0")
+        for values in self.base_copy:
+            check(len(values) >= 1 and min(values) >= 0, "selection", "base_copy", "must list copy schedules of >= 0")
         for key in ("freeze_base", "suppression", "k_paths", "inc_init", "lambda1", "lambda2", "lambda3"):
             values = getattr(self, key)
             check(len(values) >= 1, "selection", key, "must list at least one candidate")

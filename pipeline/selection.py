@@ -8,8 +8,9 @@ real incremental sessions is ever read. Choices follow the paper's order, each b
 earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the suppression variant, K, and our
 incremental.inc_init), with lambda1 at its configured value and lambda2 = lambda3 = 0; stage 2 lambda1
 (lambda2 = lambda3 = 0), then lambda2 (lambda3 = 0), then lambda3. Optional stage 0, not in the paper, comes first
-when candidates are given: the session schedule (incremental.steps, then mixup_prob). A tie keeps the configured
-value, else the earliest candidate.
+when candidates are given: the session schedule and training set (incremental.steps, mixup_prob, replay, copy,
+base_copy). A tie keeps the configured value, else the earliest candidate. With selection.protocols > 1 a candidate
+scores its mean pseudo AVG over that many pseudo protocols (seeds selection.seed, seed + 1, ...).
 """
 
 from __future__ import annotations
@@ -172,8 +173,8 @@ def run_candidate(cfg: Config, pseudo_pack_path: Path, work_dir: Path, base_cach
 def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str, Any]]]:
     """(stage, dotted key, candidates, values held while choosing it) in the paper's order."""
     no_aux = {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
-    schedule = [("schedule", key, values, no_aux) for key, values in
-                (("incremental.steps", sel.steps), ("incremental.mixup_prob", sel.mixup_prob)) if values]
+    schedule = [("schedule", f"incremental.{key}", getattr(sel, key), no_aux)
+                for key in ("steps", "mixup_prob", "replay", "copy", "base_copy") if getattr(sel, key)]
     return schedule + [
         ("architecture", "incremental.freeze_base", sel.freeze_base, no_aux),
         ("architecture", "incremental.suppression", sel.suppression, no_aux),
@@ -197,27 +198,64 @@ def _get(cfg: Config, dotted: str) -> Any:
     return getattr(getattr(cfg, name), key)
 
 
-def selected_yaml(chosen: dict[str, Any], pseudo: dict) -> str:
-    """A params.yaml fragment holding only the chosen keys, with a comment naming the pseudo protocol."""
+def selected_yaml(chosen: dict[str, Any], pseudo: list[dict]) -> str:
+    """A params.yaml fragment holding only the chosen keys, with a comment naming the pseudo protocols."""
     nested: dict[str, dict[str, Any]] = {}
     for dotted, value in chosen.items():
         name, key = dotted.split(".")
         nested.setdefault(name, {})[key] = value
-    header = (f"# fscil select: chosen by pseudo AVG on {pseudo['base_classes']} pseudo-base classes + "
-              f"{pseudo['sessions']} x {pseudo['ways']}-way {pseudo['shots']}-shot pseudo sessions\n"
-              f"# from the base session's training images only ({pseudo['val_fraction']:g} of each class held out "
-              f"as pseudo test), seed {pseudo['seed']},\n# pseudo pack {pseudo['content_hash'][:12]}. "
-              "Merge into params.yaml.\n")
+    first = pseudo[0]
+    seeds = ", ".join(str(p["seed"]) for p in pseudo)
+    packs = ", ".join(p["content_hash"][:12] for p in pseudo)
+    header = (f"# fscil select: chosen by pseudo AVG on {first['base_classes']} pseudo-base classes + "
+              f"{first['sessions']} x {first['ways']}-way {first['shots']}-shot pseudo sessions\n"
+              f"# from the base session's training images only ({first['val_fraction']:g} of each class held out "
+              f"as pseudo test), seed{'s' if len(pseudo) > 1 else ''} {seeds},\n# pseudo pack{'s' if len(pseudo) > 1 else ''} "
+              f"{packs}. Merge into params.yaml.\n")
     return header + yaml.safe_dump(nested, sort_keys=False)
+
+
+def pseudo_packs(pack_path: Path, work_dir: Path, sel: SelectionConfig) -> list[tuple[Path, dict]]:
+    """The `sel.protocols` pseudo packs (seeds sel.seed, sel.seed + 1, ...) in work_dir: [(path, description)]."""
+    packs = []
+    for i in range(sel.protocols):
+        path = work_dir / (PSEUDO_PACK if i == 0 else PSEUDO_PACK.replace(".h5", f"_{sel.seed + i}.h5"))
+        packs.append((path, pseudo_pack(pack_path, path, sel.base_fraction, sel.ways, sel.shots, sel.sessions,
+                                        sel.val_fraction, sel.seed + i)))
+    return packs
+
+
+def _run_cached(cand: Config, pack: tuple[Path, dict], work_dir: Path, results: dict, results_path: Path) -> dict:
+    """One candidate on one pseudo pack, from `results` when it ran before; a diverging candidate scores nan."""
+    ckey = _key(cand, CANDIDATE_SECTIONS, pack[1]["content_hash"])
+    if ckey in results:
+        return {**results[ckey], "cached": True}
+    started = time.time()
+    scratch = work_dir / "candidate"
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        score = run_candidate(cand, pack[0], scratch, work_dir / "bases")
+    except FSCILError as err:
+        if "non-finite loss" not in str(err):
+            raise
+        # a candidate that diverges is a candidate that loses, not the end of the selection
+        score = {s: float("nan") for s in SCORES} | {"diverged": str(err).splitlines()[0]}
+    shutil.rmtree(scratch, ignore_errors=True)
+    results[ckey] = {**score, "seconds": round(time.time() - started, 2)}
+    atomic_write_text(results_path, json.dumps(results, indent=2) + "\n")
+    return {**results[ckey], "cached": False}
 
 
 def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionConfig | None = None, *,
            work_dir: Path | None = None, log: Callable[[str], None] | None = None) -> dict:
     """Run the selection; writes out_dir/{selection.csv, selected.yaml, selection.json} and returns
-    {"chosen": {dotted key: value}, "rows": [one per candidate run, in order], "pseudo_protocol": {...}}.
+    {"chosen": {dotted key: value}, "rows": [one per candidate, in order], "pseudo_protocol": {...},
+    "pseudo_protocols": [one per pseudo protocol]}.
 
-    candidates: the candidate sets (None: cfg.selection). work_dir (None: out_dir/work) keeps the pseudo pack, the
-    base models and feature stores and every candidate's result, so nothing computed there is computed again.
+    candidates: the candidate sets (None: cfg.selection). work_dir (None: out_dir/work) keeps the pseudo packs, the
+    base models and feature stores and every candidate's result, so nothing computed there is computed again. With
+    selection.protocols > 1 each candidate runs on every pseudo protocol (seed sel.seed + i, which also seeds its
+    training) and scores the mean of their results.
     """
     sel = candidates or cfg.selection
     if cfg.model.projector != "dual_ssm":
@@ -225,44 +263,32 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
     out_dir, work_dir = Path(out_dir), Path(work_dir or Path(out_dir) / "work")
     work_dir.mkdir(parents=True, exist_ok=True)
     say = log or (lambda line: None)
-    pseudo_path = work_dir / PSEUDO_PACK
-    pseudo = pseudo_pack(pack_path, pseudo_path, sel.base_fraction, sel.ways, sel.shots, sel.sessions,
-                         sel.val_fraction, sel.seed)
+    packs = pseudo_packs(pack_path, work_dir, sel)
+    pseudo = packs[0][1]
     say(f"pseudo protocol: {pseudo['base_classes']} base classes + {pseudo['sessions']} x {pseudo['ways']}-way "
-        f"{pseudo['shots']}-shot, {pseudo['num_test']} test images")
+        f"{pseudo['shots']}-shot, {pseudo['num_test']} test images; {len(packs)} protocol(s), seeds "
+        f"{', '.join(str(p[1]['seed']) for p in packs)}")
     results_path = work_dir / RESULTS_FILE
     results: dict[str, dict] = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    base_cfg = with_values(dataclasses.replace(cfg, seed=sel.seed),
-                           {"base.epochs": sel.base_epochs or cfg.base.epochs})
+    base_cfg = with_values(cfg, {"base.epochs": sel.base_epochs or cfg.base.epochs})
     chosen: dict[str, Any] = {}
     rows: list[dict] = []
     for stage, key, values, held in selection_order(sel):
         scores = []
         for value in values:
             cand = with_values(base_cfg, {**held, **chosen, key: value})
-            ckey = _key(cand, CANDIDATE_SECTIONS, pseudo["content_hash"])
-            cached = ckey in results
-            if not cached:
-                started = time.time()
-                scratch = work_dir / "candidate"
-                shutil.rmtree(scratch, ignore_errors=True)
-                try:
-                    score = run_candidate(cand, pseudo_path, scratch, work_dir / "bases")
-                except FSCILError as err:
-                    if "non-finite loss" not in str(err):
-                        raise
-                    # a candidate that diverges is a candidate that loses, not the end of the selection
-                    score = {s: float("nan") for s in SCORES} | {"diverged": str(err).splitlines()[0]}
-                shutil.rmtree(scratch, ignore_errors=True)
-                results[ckey] = {**score, "seconds": round(time.time() - started, 2)}
-                atomic_write_text(results_path, json.dumps(results, indent=2) + "\n")
-            result = results[ckey]
-            scores.append(-math.inf if math.isnan(result["avg"]) else result["avg"])
-            rows.append({"stage": stage, "key": key, "value": value, **{s: result[s] for s in SCORES},
-                         "seconds": result["seconds"], "diverged": "diverged" in result, "chosen": False})
-            took = "cached" if cached else f"{result['seconds']:.0f} s"
-            outcome = (f"diverged ({result['diverged']})" if "diverged" in result
-                       else f"AVG {result['avg']:.2f} final {result['final']:.2f}")
+            runs = [_run_cached(dataclasses.replace(cand, seed=info["seed"]), (path, info), work_dir, results,
+                                results_path) for path, info in packs]
+            diverged = [r["diverged"] for r in runs if "diverged" in r]
+            mean = {s: float(np.mean([r[s] for r in runs])) for s in SCORES}  # nan when one diverged
+            scores.append(-math.inf if diverged else mean["avg"])
+            rows.append({"stage": stage, "key": key, "value": value, **mean,
+                         **({f"avg_seed{info['seed']}": r["avg"] for (_, info), r in zip(packs, runs, strict=True)}
+                            if len(packs) > 1 else {}),
+                         "seconds": round(sum(r["seconds"] for r in runs), 2), "diverged": bool(diverged),
+                         "chosen": False})
+            took = "cached" if all(r["cached"] for r in runs) else f"{rows[-1]['seconds']:.0f} s"
+            outcome = f"diverged ({diverged[0]})" if diverged else f"AVG {mean['avg']:.2f} final {mean['final']:.2f}"
             say(f"{key}={value}: {outcome} ({took})")
         chosen[key] = choose(values, scores, _get(cfg, key))
         for row in rows[-len(values):]:
@@ -271,7 +297,8 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
 
     out_dir.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out_dir / "selection.csv", index=False)
-    (out_dir / "selected.yaml").write_text(selected_yaml(chosen, pseudo))
-    summary = {"chosen": chosen, "rows": rows, "pseudo_protocol": pseudo}
+    (out_dir / "selected.yaml").write_text(selected_yaml(chosen, [info for _, info in packs]))
+    summary = {"chosen": chosen, "rows": rows, "pseudo_protocol": pseudo,
+               "pseudo_protocols": [info for _, info in packs]}
     (out_dir / "selection.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -256,3 +256,36 @@ def test_a_diverging_candidate_loses_and_the_selection_goes_on(real_pack, tmp_pa
     assert result["chosen"]["incremental.lambda1"] == 10.0  # 30 would score highest had it not diverged
     rows = [r for r in result["rows"] if r["key"] == "incremental.lambda1"]
     assert [r["diverged"] for r in rows] == [False, False, True] and math.isnan(rows[2]["avg"])
+
+
+def test_several_pseudo_protocols_score_the_mean(real_pack, tmp_path, monkeypatch):
+    """protocols=2: every candidate runs on both pseudo packs (seeds 5 and 6, each seeding its own training) and the
+    choice follows the mean AVG, not the first protocol alone; stage 0 takes replay, copy, base_copy in order."""
+    params, paths = real_pack
+    cfg = load_config(params)
+    calls: list = []
+
+    def run(cand, pack_path, work_dir, base_cache):
+        with ImagePack.open(pack_path) as pack:
+            seed = pack.provenance["selection"]["seed"]
+        calls.append((cand.seed, seed, cand.incremental.replay, cand.incremental.copy,
+                      tuple(cand.incremental.base_copy)))
+        # seed 5 prefers replay=mean by 1 point, seed 6 prefers shots by 3: the mean prefers shots
+        avg = 50.0 + {("mean", 5): 1.0, ("shots", 6): 3.0}.get((cand.incremental.replay, seed), 0.0)
+        avg += 2.0 * (cand.incremental.copy == 3) + 1.0 * (cand.incremental.base_copy == [2])
+        return {"avg": avg, "final": avg, "pd": 0.0, "base": 50.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    sets = SelectionConfig(seed=5, protocols=2, replay=["mean", "shots"], copy=[1, 3], base_copy=[[1], [2]],
+                           freeze_base=[True], suppression=["z"], k_paths=[4], inc_init=["random"],
+                           lambda1=[10.0], lambda2=[0.0], lambda3=[0.0])
+    result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    assert {(c[0], c[1]) for c in calls} == {(5, 5), (6, 6)}  # each run's training seed is its protocol's
+    assert [c[2:] for c in calls[:4]] == [("mean", 1, (1,))] * 2 + [("shots", 1, (1,))] * 2
+    assert result["chosen"]["incremental.replay"] == "shots"
+    assert result["chosen"]["incremental.copy"] == 3 and result["chosen"]["incremental.base_copy"] == [2]
+    assert [p["seed"] for p in result["pseudo_protocols"]] == [5, 6]
+    assert result["pseudo_protocols"][0]["content_hash"] != result["pseudo_protocols"][1]["content_hash"]
+    row = result["rows"][1]
+    assert (row["value"], row["avg"], row["avg_seed5"], row["avg_seed6"]) == ("shots", 51.5, 50.0, 53.0)
+    assert "seeds 5, 6" in (tmp_path / "out" / "selected.yaml").read_text()
