@@ -301,6 +301,8 @@ class Config:
     extract: ExtractConfig
     incremental: IncrementalConfig
     selection: SelectionConfig = field(default_factory=SelectionConfig)
+    sessions: dict[str, str] | None = None
+    """params.yaml `sessions`: the incremental sessions `dvc repro` runs (dvc.yaml's foreach); None outside DVC."""
 
     def to_dict(self) -> dict[str, Any]:
         out = {"preset": self.preset, "seed": self.seed, "device": self.device, "threads": self.threads,
@@ -333,7 +335,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
 def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
     """Merge params (nulls mean "the preset's value") over the named preset; returns plain dicts."""
     params = dict(params)
-    top = ("preset", "variant", "seed", "device", "threads")
+    top = ("preset", "variant", "seed", "device", "threads", "sessions")
     unknown = sorted(set(params) - {*top, *SECTIONS})
     if unknown:
         raise FSCILError(f"params: unknown key {unknown[0]} (valid: {', '.join(top)}, {', '.join(SECTIONS)})")
@@ -361,7 +363,75 @@ def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
         for name, section in read_yaml(VARIANT_DIR / f"{variant}.yaml").items():
             merged.setdefault(name, {}).update(section)
     merged["variant"] = variant
+    merged["sessions"] = params.get("sessions")
     return merged
+
+
+# what each dvc.yaml stage reads of the resolved config; `fscil stage config` writes one file per stage, and each
+# stage depends on its file, so a changed value (in params.yaml, a preset or a variant) re-runs exactly its readers
+STAGE_KEYS = {
+    "prepare": ("seed", "data", "sessions"),
+    "base": ("seed", "threads", "data", "model", "base"),
+    "extract": ("seed", "threads", "data", "model", "base", "extract"),
+    "incremental": ("seed", "threads", "data", "model", "base", "incremental"),
+}
+
+
+def stage_config(cfg: Config, stage: str) -> dict[str, Any]:
+    """The resolved values `stage` reads (STAGE_KEYS), as plain data."""
+    full = {**cfg.to_dict(), "sessions": cfg.sessions}
+    return {key: full[key] for key in STAGE_KEYS[stage]}
+
+
+def session_map(count: int, data_dir: str = "data") -> dict[str, str]:
+    """params.yaml `sessions` for `count` incremental sessions: session -> the stage output it starts from (dvc.yaml
+    makes one stage incremental@N per entry and orders them by these paths)."""
+    return {str(n): f"{data_dir}/features.zarr" if n == 1 else f"{data_dir}/sessions/session_{n - 1}"
+            for n in range(1, count + 1)}
+
+
+def check_session_map(sessions: Any) -> dict[str, str] | None:
+    """Validate params.yaml `sessions` (None when absent): quoted keys "1".."N", each with its predecessor."""
+    if sessions is None:
+        return None
+    if not isinstance(sessions, dict) or not sessions:
+        raise FSCILError("params: sessions must map each incremental session to what it starts from "
+                         "(`fscil config sessions --count N` prints it)")
+    if any(not isinstance(k, str) for k in sessions):
+        raise FSCILError('params: sessions keys must be quoted ("1": ...): DVC makes no stage for unquoted numbers '
+                         "(`fscil config sessions --count N` prints the block)")
+    want = session_map(len(sessions))
+    if sessions != want:
+        bad = next(k for k in [*want, *sessions] if sessions.get(k) != want.get(k))
+        raise FSCILError(f"params: sessions[{bad!r}] must be {want.get(bad)!r} for {len(sessions)} sessions "
+                         f"(`fscil config sessions --count {len(sessions)}` prints the block)")
+    return dict(sessions)
+
+
+def check_against_data(cfg: Config, protocol) -> None:
+    """Every combination of the config and the data's protocol that could not run, as a one-line error naming the key
+    (called by stages prepare and base, once the class count is known, never after work has started)."""
+    num_classes, num_incremental = protocol.num_classes, protocol.num_incremental
+    if cfg.model.classifier == "etf":
+        check(num_classes <= cfg.model.dim, "model", "dim",
+              f"must be >= the {num_classes} classes of the data for an ETF classifier (it is {cfg.model.dim}); "
+              "raise it or set model.classifier linear")
+    check(num_classes >= 2, "data", "dataset", f"has {num_classes} class; FSCIL needs at least 2")
+    base_train = len(protocol.sessions[0].train_ids)
+    check(cfg.base.batch_size <= base_train, "base", "batch_size",
+          f"must be <= the {base_train} base training images (it is {cfg.base.batch_size})")
+    for key in ("steps", "base_copy"):
+        values = getattr(cfg.incremental, key)
+        check(len(values) == 1 or len(values) >= num_incremental, "incremental", key,
+              f"lists {len(values)} values: give one, or one per session ({num_incremental})")
+    check_sessions_match(cfg, num_incremental)
+
+
+def check_sessions_match(cfg: Config, num_incremental: int) -> None:
+    """params.yaml `sessions` (when given) must list exactly the data protocol's incremental sessions."""
+    if cfg.sessions is not None and len(cfg.sessions) != num_incremental:
+        raise FSCILError(f"params: sessions lists {len(cfg.sessions)} incremental sessions but the data's protocol has "
+                         f"{num_incremental}; replace it with `fscil config sessions --count {num_incremental}`")
 
 
 def preset_model_config(preset: str, overrides: dict[str, Any]) -> tuple[ModelConfig, dict[str, Any]]:
@@ -391,7 +461,8 @@ def build_config(params: dict[str, Any]) -> Config:
                  model=ModelConfig.from_dict(merged["model"]), base=BaseConfig.from_dict(merged["base"]),
                  extract=ExtractConfig.from_dict(merged["extract"]),
                  incremental=IncrementalConfig.from_dict(merged["incremental"]),
-                 selection=SelectionConfig.from_dict(merged["selection"]))
+                 selection=SelectionConfig.from_dict(merged["selection"]),
+                 sessions=check_session_map(merged.get("sessions")))
     if cfg.model.projector == "single_ssm":
         # with one branch the class-sensitive losses would act on g_base, the branch that carries the base
         # classes; the paper's row 2 has none (variant single_ssm)

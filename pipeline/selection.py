@@ -36,8 +36,9 @@ from pipeline.data.protocol import FSCILProtocol
 from pipeline.data.sampling import draw_sessions, split_test
 from pipeline.errors import FSCILError
 from pipeline.report import session_table, summarise, summarise_prototypes
-from pipeline.store.extract import extract_features
-from pipeline.training.base_session import MODEL_FILE, config_digest, train_base
+from pipeline.training.base_model import MODEL_FILE, config_digest
+from pipeline.training.base_session import train_base
+from pipeline.training.extract import extract_features
 from pipeline.training.incremental_session import train_session
 
 PSEUDO_PACK = "pseudo_pack.h5"
@@ -204,13 +205,13 @@ def selected_yaml(chosen: dict[str, Any], pseudo: list[dict]) -> str:
     for dotted, value in chosen.items():
         name, key = dotted.split(".")
         nested.setdefault(name, {})[key] = value
-    first = pseudo[0]
+    first, plural = pseudo[0], "s" if len(pseudo) > 1 else ""
     seeds = ", ".join(str(p["seed"]) for p in pseudo)
     packs = ", ".join(p["content_hash"][:12] for p in pseudo)
     header = (f"# fscil select: chosen by pseudo AVG on {first['base_classes']} pseudo-base classes + "
               f"{first['sessions']} x {first['ways']}-way {first['shots']}-shot pseudo sessions\n"
               f"# from the base session's training images only ({first['val_fraction']:g} of each class held out "
-              f"as pseudo test), seed{'s' if len(pseudo) > 1 else ''} {seeds},\n# pseudo pack{'s' if len(pseudo) > 1 else ''} "
+              f"as pseudo test), seed{plural} {seeds},\n# pseudo pack{plural} "
               f"{packs}. Merge into params.yaml.\n")
     return header + yaml.safe_dump(nested, sort_keys=False)
 

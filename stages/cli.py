@@ -74,13 +74,28 @@ def _show(summary: dict, keys: tuple[str, ...]) -> None:
     typer.echo(json.dumps({k: summary[k] for k in keys if k in summary}))
 
 
+@stage_app.command("config")
+def config_stage(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data")) -> None:
+    """Validate params.yaml over its preset and variant, and write the values each stage reads to
+    data/config/<stage>.yaml (what dvc.yaml's stages depend on)."""
+    import yaml
+
+    from pipeline.atomic import atomic_write_text
+    from pipeline.config import STAGE_KEYS, stage_config
+
+    cfg = _config(params)
+    for stage in STAGE_KEYS:
+        atomic_write_text(_paths(data_dir).config(stage), yaml.safe_dump(stage_config(cfg, stage), sort_keys=True))
+    typer.echo(f"config: {', '.join(str(_paths(data_dir).config(s)) for s in STAGE_KEYS)}")
+
+
 @stage_app.command("prepare")
 def prepare(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data")) -> None:
     """Convert the configured dataset (or the synthetic default) into the HDF5 image pack data/pack.h5."""
     from stages import prepare as stage
 
     cfg = _config(params)
-    summary = _run("prepare", stage.run, dataclasses.asdict(cfg.data), _paths(data_dir).pack)
+    summary = _run("prepare", stage.run, dataclasses.asdict(cfg.data), _paths(data_dir).pack, cfg)
     _show(summary, ("dataset", "num_images", "num_classes", "num_sessions", "content_hash", "seconds"))
 
 
@@ -182,6 +197,19 @@ def config_show(params: ParamsOpt = Path("params.yaml")) -> None:
     typer.echo(yaml.safe_dump(_config(params).to_dict(), sort_keys=False))
 
 
+@config_app.command("sessions")
+def config_sessions(count: Annotated[int, typer.Option("--count", help="Incremental sessions of the protocol.")]
+                    ) -> None:
+    """Print params.yaml's `sessions` block for a protocol of COUNT incremental sessions."""
+    import yaml
+
+    from pipeline.config import session_map
+
+    if count < 1:
+        _fail("--count must be >= 1", FSCILError.exit_code)
+    typer.echo(yaml.safe_dump({"sessions": session_map(count)}, sort_keys=False, default_style=None).rstrip())
+
+
 @model_app.command("summary")
 def model_summary(
     preset: Annotated[str, typer.Option(help="Preset whose model section gives the defaults.")] = "cifar100",
@@ -235,12 +263,36 @@ def model_benchmark(
                                repeats, device, timed=False)))
 
 
-def main() -> None:  # pragma: no cover - console entry
+@app.callback()
+def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback of an unexpected error.")]
+             = False) -> None:
+    _STATE["debug"] = debug
+
+
+_STATE = {"debug": False}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry: bad input is one line and exit 2; an unexpected error is one line naming the file that holds
+    its traceback, and exit 1 (`fscil --debug ...` prints the traceback instead)."""
     try:
-        app()
+        app(args=argv)
     except FSCILError as err:
         typer.echo(f"error: {err}", err=True)
         sys.exit(FSCILError.exit_code)
+    except Exception as err:  # noqa: BLE001 - the last line of defence: never a bare traceback
+        if _STATE["debug"]:
+            raise
+        import tempfile
+        import traceback
+
+        fd, trace = tempfile.mkstemp(prefix="fscil-trace-", suffix=".txt")
+        with open(fd, "w") as f:
+            traceback.print_exc(file=f)
+        first = str(err).splitlines()[0] if str(err) else ""
+        typer.echo(f"error: unexpected {type(err).__name__}: {first} (full trace: {trace}; "
+                   "`fscil --debug ...` prints it)", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

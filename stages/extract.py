@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pipeline.atomic import atomic_output
 from pipeline.config import Config
-from pipeline.store.extract import extract_features
+from pipeline.training.extract import extract_features
 from stages.paths import StagePaths
 
 

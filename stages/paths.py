@@ -10,6 +10,10 @@ from pathlib import Path
 class StagePaths:
     data_dir: Path = Path("data")
 
+    def config(self, stage: str) -> Path:
+        """The resolved config values `stage` reads (written by `fscil stage config`)."""
+        return self.data_dir / "config" / f"{stage}.yaml"
+
     @property
     def pack(self) -> Path:
         return self.data_dir / "pack.h5"

@@ -25,7 +25,7 @@ from pipeline.config import load_config
 from pipeline.errors import FSCILError
 from pipeline.models.backbones.resnet18 import ResNet18
 from pipeline.models.fscil import build_model
-from pipeline.training.base_session import MODEL_FILE
+from pipeline.training.base_model import MODEL_FILE
 from pipeline.training.checkpoint import load_checkpoint
 from pipeline.training.distributed import GlobalBatchNorm2d, ProcessGroup, convert_global_batchnorm
 from stages.paths import StagePaths

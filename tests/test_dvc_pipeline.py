@@ -1,4 +1,4 @@
-"""`dvc repro` on a tiny 8-session synthetic benchmark: the dvc.yaml wiring, metrics.json, and per-stage caching."""
+"""`dvc repro` on tiny synthetic benchmarks: sessions from params, metrics.json, and exact per-stage re-runs."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.config import session_map
 from tests.pipeline_fixtures import TINY_PARAMS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,37 +20,77 @@ DVC = Path(sys.executable).with_name("dvc")
 pytestmark = pytest.mark.skipif(not DVC.exists(), reason="dvc is not installed in this environment")
 
 
+def _env(project: Path) -> dict[str, str]:
+    # the copied project's code, not the installed checkout's, runs the stages (an edited preset must be seen)
+    return {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{DVC.parent}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(project)}
+
+
 def _run(cmd: list[str], cwd: Path) -> str:
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{DVC.parent}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    result = subprocess.run(cmd, cwd=cwd, env=_env(cwd), capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout + result.stderr
 
 
-def test_dvc_repro_runs_every_session_and_caches_per_stage(tmp_path):
+def _project_copy(root: Path) -> None:
     for name in ("dvc.yaml", ".dvcignore"):
-        shutil.copy(REPO / name, tmp_path / name)
-    shutil.copytree(REPO / "pipeline", tmp_path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    params = {**TINY_PARAMS, "data": {**TINY_PARAMS["data"], "ways": 1, "sessions": 8}}
+        shutil.copy(REPO / name, root / name)
+    for name in ("pipeline", "stages"):
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def _ran(output: str) -> set[str]:
+    return {line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")}
+
+
+def test_dvc_repro_runs_the_sessions_params_list_and_reruns_exactly_the_readers(tmp_path):
+    """A 10-session protocol through an unedited dvc.yaml (the sessions come from params.yaml); nothing changed:
+    nothing runs; a preset value of the incremental section re-runs exactly config, the sessions and the report."""
+    _project_copy(tmp_path)
+    params = {**TINY_PARAMS, "data": {**TINY_PARAMS["data"], "base_classes": 6, "ways": 1, "sessions": 10},
+              "sessions": session_map(10)}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     _run(["git", "init", "-q"], tmp_path)
     _run([str(DVC), "init", "-q"], tmp_path)
-    _run([str(DVC), "repro"], tmp_path)
+    first = _ran(_run([str(DVC), "repro"], tmp_path))
+    sessions = {f"incremental@{n}" for n in range(1, 11)}
+    assert first == {"config", "prepare", "base", "extract", "report"} | sessions
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert list(metrics["sessions"]) == [f"s{i}" for i in range(9)]
+    assert list(metrics["sessions"]) == [f"s{i}" for i in range(11)]
     accs = list(metrics["sessions"].values())
-    assert metrics["avg"] == pytest.approx(sum(accs) / 9, abs=1e-3) and metrics["pd"] == pytest.approx(
+    assert metrics["avg"] == pytest.approx(sum(accs) / 11, abs=1e-3) and metrics["pd"] == pytest.approx(
         accs[0] - accs[-1], abs=1e-3)
-    for session in range(1, 9):
+    for session in range(1, 11):
         m = json.loads((tmp_path / "data" / "sessions" / f"session_{session}" / "metrics.json").read_text())
-        assert m["num_seen_classes"] == 8 + session
-    # nothing changed: nothing runs; an incremental-only change re-runs the sessions and the report only
-    assert "didn't change" in _run([str(DVC), "repro"], tmp_path)
+        assert m["num_seen_classes"] == 6 + session
+    assert _ran(_run([str(DVC), "repro"], tmp_path)) == set()  # nothing changed: nothing runs
+
+    # a preset value only the incremental stages read (TINY_PARAMS leaves incremental.dr_scale to the preset)
     base_bytes = (tmp_path / "data" / "base" / "model.safetensors").read_bytes()
-    params["incremental"] = {**params["incremental"], "lambda3": 0.0}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    status = _run([str(DVC), "status"], tmp_path)
-    assert "incremental@1" in status and "base:" not in status and "extract:" not in status
-    _run([str(DVC), "repro"], tmp_path)
+    preset = tmp_path / "pipeline" / "presets" / "synthetic.yaml"
+    text = preset.read_text()
+    assert "  dr_scale: 10.0\n" in text.split("incremental:")[1].split("selection:")[0]
+    head, tail = text.split("incremental:")
+    preset.write_text(head + "incremental:" + tail.replace("  dr_scale: 10.0\n", "  dr_scale: 5.0\n", 1))
+    assert _ran(_run([str(DVC), "repro"], tmp_path)) == {"config", "report"} | sessions
     assert (tmp_path / "data" / "base" / "model.safetensors").read_bytes() == base_bytes
     assert json.loads((tmp_path / "metrics.json").read_text())["sessions"]["s0"] == metrics["sessions"]["s0"]
+
+    # a base-section value in params.yaml: base and everything after it, not prepare
+    params["base"] = {**params["base"], "lr": 0.05}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert _ran(_run([str(DVC), "repro"], tmp_path)) == {"config", "base", "extract", "report"} | sessions
+
+
+def test_dvc_repro_stops_on_a_session_list_that_does_not_match_the_data(tmp_path):
+    _project_copy(tmp_path)
+    params = {**TINY_PARAMS, "data": {**TINY_PARAMS["data"], "sessions": 3}, "sessions": session_map(4)}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    _run(["git", "init", "-q"], tmp_path)
+    _run([str(DVC), "init", "-q"], tmp_path)
+    result = subprocess.run([str(DVC), "repro"], cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "sessions lists 4" in errors[0] and "has 3" in errors[0], result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not (tmp_path / "data" / "pack.h5").exists()

@@ -17,7 +17,7 @@ from pipeline.data.presets import get_preset
 from pipeline.models.fscil import build_head
 from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMeanMemory
-from pipeline.training.base_session import load_base_model
+from pipeline.training.base_model import load_base_model
 from pipeline.training.checkpoint import load_checkpoint, unprefixed
 from pipeline.training.incremental_session import frozen_digest, session_training_set
 from tests.pipeline_fixtures import NUM_SESSIONS, cli, run_stage

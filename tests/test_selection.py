@@ -18,7 +18,7 @@ from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError
 from pipeline.models.fscil import build_head
 from pipeline.store.feature_store import FeatureStore
-from pipeline.training.base_session import MODEL_FILE
+from pipeline.training.base_model import MODEL_FILE
 from pipeline.training.checkpoint import load_checkpoint, unprefixed
 from pipeline.training.incremental_session import STATE_FILE, frozen_digest, train_session
 from stages.paths import StagePaths

@@ -8,7 +8,6 @@ Resumable: a checkpoint with the optimizer state is written every `checkpoint_ev
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -22,10 +21,11 @@ from pipeline.data.augment import test_transform, train_augment
 from pipeline.data.mixing import mixup_cutmix
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
+from pipeline.device import resolve_device
 from pipeline.errors import FSCILError
-from pipeline.file_digest import file_digest
 from pipeline.losses.classification import CLASSIFICATION_LOSSES, loss_scale, mixed_loss
 from pipeline.models.fscil import FSCILModel, build_model
+from pipeline.training.base_model import MODEL_FILE, config_digest
 from pipeline.training.checkpoint import load_checkpoint, read_metadata, save_checkpoint
 from pipeline.training.distributed import (
     all_reduce_sum,
@@ -33,35 +33,11 @@ from pipeline.training.distributed import (
     cleanup,
     convert_global_batchnorm,
     init_process_group,
-    resolve_device,
 )
 from pipeline.training.evaluate import predict, session_metrics
 from pipeline.training.schedule import set_lr, warmup_cosine
 
-MODEL_FILE = "model.safetensors"
 RESUME_FILE = "resume.safetensors"
-
-
-def config_digest(cfg, sections=("data", "model", "base")) -> str:
-    """A hash of the config sections that determine the base model (plus the seed)."""
-    full = cfg.to_dict()
-    blob = json.dumps({k: full[k] for k in ("seed", *sections)}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def load_base_model(cfg, base_dir: Path, pack_hash: str | None = None) -> tuple[FSCILModel, dict, str]:
-    """The trained base model, refusing a checkpoint trained with other params or on another data pack.
-
-    Returns (model on CPU, checkpoint metadata, sha256 of the checkpoint file).
-    """
-    path = Path(base_dir) / MODEL_FILE
-    expect = {"kind": "base-model", "config": config_digest(cfg)}
-    if pack_hash is not None:
-        expect["data"] = pack_hash
-    tensors, meta = load_checkpoint(path, expect)
-    model = build_model(cfg.model, meta["num_classes"], meta["input_size"], seed=cfg.seed)
-    model.load_state_dict(tensors)
-    return model, meta, file_digest(path)
 
 
 class _BaseNet(nn.Module):

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from pipeline.device import resolve_device
 from pipeline.errors import FSCILError
 from pipeline.file_digest import file_digest
 from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
@@ -26,9 +27,8 @@ from pipeline.losses.feature_mixup import feature_mixup
 from pipeline.models.fscil import build_head
 from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMeanMemory
-from pipeline.training.base_session import MODEL_FILE, config_digest
+from pipeline.training.base_model import MODEL_FILE, config_digest
 from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed
-from pipeline.training.distributed import resolve_device
 from pipeline.training.evaluate import predict, session_metrics
 from pipeline.training.prototype import base_prototype_metrics, prototype_metrics
 from pipeline.training.schedule import set_lr, warmup_cosine

@@ -16,9 +16,9 @@ from tqdm import tqdm
 from pipeline.data.augment import test_transform, train_augment
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
+from pipeline.device import resolve_device
 from pipeline.store.feature_store import FeatureStoreWriter
-from pipeline.training.base_session import load_base_model
-from pipeline.training.distributed import resolve_device
+from pipeline.training.base_model import load_base_model
 
 
 def _batches(ids: np.ndarray, size: int):
