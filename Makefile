@@ -1,9 +1,10 @@
-# Two commands do all the set-up on a fresh machine: `make install`, then `make test`.
+# Two commands on a fresh machine: `make repro` (installs when needed, then runs the pipeline: dvc repro) and
+# `make test`. `make install` alone sets up .venv.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test lint
+.PHONY: install repro test lint
 
 # torch is pinned through constraints.txt to the local CPU build (an unpinned torch pulls CUDA wheels);
 # torchvision's CUDA build is made importable by pipeline/compat/torchvision_cpu.py (a lazy .pth hook).
@@ -15,7 +16,15 @@ install:
 	$(BIN)/python -m pipeline.compat.torchvision_cpu --install
 	$(BIN)/python -c "import timm, torch, zarr, h5py, dvc, typer, pandas; print('environment ok: torch', torch.__version__, 'timm', timm.__version__)"
 
-test:
+# dvc with the environment on PATH (the stages also find .venv by themselves: stages/fscil)
+repro: $(BIN)/fscil
+	PATH="$(CURDIR)/$(BIN):$$PATH" DVC_NO_ANALYTICS=1 $(BIN)/dvc repro
+	@echo "metrics: metrics.json (per-session table: data/report/sessions.csv)"
+
+$(BIN)/fscil:
+	$(MAKE) install
+
+test: $(BIN)/fscil
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -x --durations=15
 

@@ -96,3 +96,62 @@ def test_missing_inputs_name_the_stage_to_run(tmp_path):
     _assert_one_line_error(cli("stage", "base", "--params", str(params), "--data-dir", str(tmp_path / "d"), "-q"),
                            "pack.h5")
     _assert_one_line_error(cli("stage", "report", "--data-dir", str(tmp_path / "d")), "metrics.json")
+
+
+@pytest.mark.parametrize("section,values,needles", [
+    ("model", {"dim": 8}, ["model.dim", "14 classes", "ETF"]),  # TINY: 8 base + 3 sessions x 2 ways
+    ("base", {"batch_size": 1000}, ["base.batch_size", "96 base training images"]),
+    ("incremental", {"steps": [4, 4]}, ["incremental.steps", "one per session (3)"]),
+])
+def test_config_that_cannot_run_on_the_data_stops_at_prepare(tmp_path, section, values, needles):
+    """Combinations known to fail only once the data's class count is known: one line naming the key at prepare,
+    no pack left behind; the base stage refuses the same config before training."""
+    params = write_params(tmp_path / "params.yaml", **{section: values})
+    data = tmp_path / "data"
+    _assert_one_line_error(cli("stage", "prepare", "--params", str(params), "--data-dir", str(data)), *needles)
+    assert not (data / "pack.h5").exists()
+    ok = write_params(tmp_path / "ok.yaml")
+    assert cli("stage", "prepare", "--params", str(ok), "--data-dir", str(data)).exit_code == 0
+    _assert_one_line_error(cli("stage", "base", "--params", str(params), "--data-dir", str(data), "-q"), *needles)
+    assert not (data / "base").exists()
+
+
+def test_session_list_is_checked(tmp_path):
+    from pipeline.config import session_map
+
+    data = tmp_path / "data"
+    for sessions, needle in ((session_map(4), "sessions lists 4 incremental sessions but the data's protocol has 3"),
+                             ({1: "data/features.zarr"}, "must be quoted"),
+                             ({"1": "data/features.zarr", "2": "data/sessions/session_2"}, "sessions['2']"),
+                             ({"1": "data/features.zarr", "3": "data/sessions/session_2"}, "sessions['2']")):
+        params = write_params(tmp_path / "params.yaml", sessions=sessions)
+        _assert_one_line_error(cli("stage", "prepare", "--params", str(params), "--data-dir", str(data)), needle)
+        assert not (data / "pack.h5").exists()
+    params = write_params(tmp_path / "params.yaml", sessions=session_map(3))
+    assert cli("stage", "prepare", "--params", str(params), "--data-dir", str(data)).exit_code == 0
+    printed = yaml.safe_load(cli("config", "sessions", "--count", "3").output)
+    assert printed == {"sessions": session_map(3)} and list(printed["sessions"]) == ["1", "2", "3"]
+    assert printed["sessions"]["2"] == "data/sessions/session_1"
+
+
+def test_unexpected_error_is_one_line_with_the_trace_in_a_file(tmp_path, monkeypatch, capsys):
+    """A bug (not bad input) still prints one line, exit 1, naming the file that holds the traceback;
+    --debug raises it instead."""
+    import stages.cli
+    import stages.report
+
+    def boom(*args, **kwargs):
+        raise ZeroDivisionError("division by zero in a stage")
+
+    monkeypatch.setattr(stages.report, "run", boom)
+    with pytest.raises(SystemExit) as exit_info:
+        stages.cli.main(["stage", "report", "--data-dir", str(tmp_path)])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: unexpected ZeroDivisionError: division by zero in a stage")
+    trace = err[0].split("full trace: ")[1].split(";")[0]
+    text = open(trace).read()
+    assert "Traceback" in text and "boom" in text
+    with pytest.raises(ZeroDivisionError):
+        stages.cli.main(["--debug", "stage", "report", "--data-dir", str(tmp_path)])
+    stages.cli._STATE["debug"] = False
