@@ -226,7 +226,7 @@ def model_summary(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Parameter count of each component (backbone, p_iden, g_base, g_inc, classifier) for the given dims."""
-    from stages.model_summary import summarise_model
+    from pipeline.models.summary import summarise_model
 
     overrides = {"backbone": backbone, "projector": projector, "dim": dim, "d_state": d_state, "dt_rank": dt_rank,
                  "k_paths": k_paths, "classifier": classifier,
@@ -256,7 +256,7 @@ def model_benchmark(
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
 ) -> None:
     """Median forward and forward+backward time of one projector branch (g_base / g_inc) on random maps."""
-    from stages.model_benchmark import benchmark_branch
+    from pipeline.models.benchmark import benchmark_branch
 
     overrides = {"dim": dim, "d_state": d_state, "dt_rank": dt_rank, "projector": projector}
     typer.echo(json.dumps(_run("model benchmark", benchmark_branch, preset, overrides, batch, channels, hw,

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pipeline.data.mixing import feature_mixup
 from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
 from pipeline.losses.classification import cross_entropy_loss, dot_regression_loss, mixed_loss
-from pipeline.losses.feature_mixup import feature_mixup
 from pipeline.models.classifier import ETFClassifier, LinearClassifier, simplex_etf
 
 

@@ -18,18 +18,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from pipeline.data.mixing import feature_mixup
 from pipeline.device import resolve_device
 from pipeline.errors import FSCILError
 from pipeline.file_digest import file_digest
 from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
 from pipeline.losses.classification import CLASSIFICATION_LOSSES, loss_scale, mixed_loss
-from pipeline.losses.feature_mixup import feature_mixup
 from pipeline.models.fscil import build_head
 from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMeanMemory
 from pipeline.training.base_model import MODEL_FILE, config_digest
 from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed
-from pipeline.training.evaluate import predict, session_metrics
+from pipeline.training.evaluate import evaluate_session
 from pipeline.training.prototype import base_prototype_metrics, prototype_metrics
 from pipeline.training.schedule import set_lr, warmup_cosine
 
@@ -202,15 +202,3 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
               "frozen_sha256": frozen_before, **prototype, "seconds": round(time.time() - started, 2)}
     (out_dir / METRICS_FILE).write_text(json.dumps(result, indent=2))
     return result
-
-
-@torch.no_grad()
-def evaluate_session(projector, classifier, store: FeatureStore, num_seen: int, num_base: int, device,
-                     batch_size: int) -> dict:
-    """Accuracy on every stored test map of the classes seen so far (logits masked to them)."""
-    projector.eval()
-    classifier.eval()
-    maps, labels = store.test_set(max_label=num_seen)
-    batches = (torch.from_numpy(maps[i:i + batch_size]).to(device) for i in range(0, len(labels), batch_size))
-    pred = predict(lambda f: classifier(projector(f, mode="incremental").mu, num_seen), batches)
-    return session_metrics(pred, labels, num_base, num_seen)
