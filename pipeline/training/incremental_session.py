@@ -88,6 +88,25 @@ def session_training_set(store: FeatureStore, session: int, memory: ClassMeanMem
             np.concatenate([np.full(len(p[1]), p[2]) for p in parts]))
 
 
+def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is_base: torch.Tensor, num_seen: int,
+                     classifier_kind: str, inc, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """The three terms of eq. optim_inc on one batch: (classification on feature-mixed mu, suppression (eq.
+    loss_supp), separation (eq. loss_sep)); a term whose weights are zero is an exact 0."""
+    out = projector(x, mode="incremental", return_aux=True)
+    mu, y_a, y_b, lam = feature_mixup(out.mu, y, inc.mixup_ratio, inc.mixup_prob, gen)
+    cls = mixed_loss(CLASSIFICATION_LOSSES[classifier_kind], classifier(mu, num_seen), y_a, y_b, lam,
+                     scale=loss_scale(classifier_kind, inc.dr_scale))
+    supp = sep = torch.zeros((), device=x.device)
+    if inc.lambda1 or inc.lambda2:
+        target = SUPPRESSION_TARGETS[inc.suppression](out.aux, out.mu_inc)
+        if target is None:
+            raise FSCILError(f"params: incremental.suppression={inc.suppression} needs a projector with g_inc")
+        supp = suppression_loss(target, is_base, inc.lambda1, inc.lambda2)
+    if inc.lambda3:
+        sep = inc.lambda3 * separation_loss(out.aux, is_base)
+    return cls, supp, sep
+
+
 def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir: Path | None, out_dir: Path,
                   show_progress: bool = True) -> dict:
     """Train g_inc for one session and write out_dir/{state.safetensors, metrics.json}; returns the metrics."""
@@ -135,9 +154,6 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     trainable = [p for p in projector.parameters() if p.requires_grad] + list(classifier.parameters())
     opt = torch.optim.SGD([{"params": trainable, "initial_lr": inc.lr}], lr=inc.lr, momentum=inc.momentum,
                           weight_decay=inc.weight_decay)
-    loss_fn = CLASSIFICATION_LOSSES[cfg.model.classifier]
-    scale = loss_scale(cfg.model.classifier, inc.dr_scale)
-    suppress_target = SUPPRESSION_TARGETS[inc.suppression]
     steps = inc.session_value("steps", session)
     batch = min(inc.batch_size, len(y_all))
     per_epoch = len(y_all) // batch
@@ -152,18 +168,8 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
             order = torch.randperm(len(y_all), generator=gen)
         idx = order[(step % per_epoch) * batch:(step % per_epoch + 1) * batch].to(device)
         set_lr(opt, warmup_cosine(step, steps, inc.warmup_steps, inc.warmup_ratio, inc.min_lr_ratio))
-        out = projector(x_all[idx], mode="incremental", return_aux=True)
-        y, is_base = y_all[idx], base_all[idx]
-        mu, y_a, y_b, lam = feature_mixup(out.mu, y, inc.mixup_ratio, inc.mixup_prob, gen)
-        cls = mixed_loss(loss_fn, classifier(mu, num_seen), y_a, y_b, lam, scale=scale)
-        supp = sep = torch.zeros((), device=device)
-        if inc.lambda1 or inc.lambda2:
-            target = suppress_target(out.aux, out.mu_inc)
-            if target is None:
-                raise FSCILError(f"params: incremental.suppression={inc.suppression} needs a projector with g_inc")
-            supp = suppression_loss(target, is_base, inc.lambda1, inc.lambda2)  # eq. loss_supp
-        if inc.lambda3:
-            sep = inc.lambda3 * separation_loss(out.aux, is_base)  # eq. loss_sep
+        cls, supp, sep = incremental_loss(projector, classifier, x_all[idx], y_all[idx], base_all[idx], num_seen,
+                                          cfg.model.classifier, inc, gen)
         loss = cls + supp + sep  # eq. optim_inc
         if not torch.isfinite(loss):
             raise FSCILError(f"session {session}: non-finite loss at step {step + 1}; nothing written "
