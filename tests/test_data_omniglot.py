@@ -183,7 +183,7 @@ def test_folder_at_the_wrong_level(fake_zip, tmp_path: Path) -> None:
 def _cli_params(tmp_path: Path, root: Path, **data) -> Path:
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({
-        "preset": "omniglot", "device": "cpu",
+        "preset": "omniglot", "device": "cpu", "base": {"batch_size": 8},  # prepare checks it against the data
         "data": {"root": str(root), "base_classes": 4, "ways": 2, "shots": 2, "sessions": 2, "image_size": SIDE,
                  **data}}))
     return params
