@@ -291,6 +291,9 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
             took = "cached" if all(r["cached"] for r in runs) else f"{rows[-1]['seconds']:.0f} s"
             outcome = f"diverged ({diverged[0]})" if diverged else f"AVG {mean['avg']:.2f} final {mean['final']:.2f}"
             say(f"{key}={value}: {outcome} ({took})")
+        if all(score == -math.inf for score in scores):
+            raise FSCILError(f"selection: every candidate of {key} ({', '.join(map(str, values))}) diverged on at "
+                             "least one pseudo protocol; add a smaller candidate (or lower incremental.lr)")
         chosen[key] = choose(values, scores, _get(cfg, key))
         for row in rows[-len(values):]:
             row["chosen"] = row["value"] == chosen[key]

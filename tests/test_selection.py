@@ -289,3 +289,26 @@ def test_several_pseudo_protocols_score_the_mean(real_pack, tmp_path, monkeypatc
     row = result["rows"][1]
     assert (row["value"], row["avg"], row["avg_seed5"], row["avg_seed6"]) == ("shots", 51.5, 50.0, 53.0)
     assert "seeds 5, 6" in (tmp_path / "out" / "selected.yaml").read_text()
+
+
+def test_a_key_whose_every_candidate_diverges_is_an_error(real_pack, tmp_path, monkeypatch):
+    """A diverging candidate loses; when all of a key's candidates diverge (on any protocol) nothing can be chosen,
+    and the selection says so instead of keeping a value that diverged."""
+    params, paths = real_pack
+    cfg = load_config(params)
+
+    def run(cand, pack_path, work_dir, base_cache):
+        with ImagePack.open(pack_path) as pack:
+            seed = pack.provenance["selection"]["seed"]
+        if cand.incremental.lambda3 > 0 and seed == 1:  # diverges on the second protocol only
+            raise FSCILError("session 2: non-finite loss at step 3; nothing written")
+        return {"avg": 50.0, "final": 50.0, "pd": 0.0, "base": 50.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    sets = SelectionConfig(seed=0, protocols=2, freeze_base=[True], suppression=["z"], k_paths=[4],
+                           inc_init=["random"], lambda1=[10.0], lambda2=[0.0], lambda3=[0.1, 0.5])
+    with pytest.raises(FSCILError, match=r"every candidate of incremental.lambda3 \(0.1, 0.5\) diverged"):
+        selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    sets = dataclasses.replace(sets, lambda3=[0.0, 0.1])
+    assert selection.select(cfg, paths.pack, tmp_path / "out", sets,
+                            work_dir=tmp_path / "work2")["chosen"]["incremental.lambda3"] == 0.0
