@@ -25,6 +25,7 @@ from pipeline.device import resolve_device
 from pipeline.errors import FSCILError
 from pipeline.losses.classification import CLASSIFICATION_LOSSES, loss_scale, mixed_loss
 from pipeline.models.fscil import FSCILModel, build_model
+from pipeline.seeding import BASE_EPOCH_ORDER, BASE_STEP_AUGMENT, seeded_generator
 from pipeline.training.base_model import MODEL_FILE, config_digest
 from pipeline.training.checkpoint import load_checkpoint, read_metadata, save_checkpoint
 from pipeline.training.distributed import (
@@ -49,10 +50,6 @@ class _BaseNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x, self.num_base, mode="base")
-
-
-def _generator(seed: int, stream: int, index: int, device: torch.device) -> torch.Generator:
-    return torch.Generator(device=device).manual_seed((seed * 1_000_003 + stream * 7919 + index) % (2**62))
 
 
 def _optimizer(model: FSCILModel, cfg) -> torch.optim.SGD:
@@ -145,7 +142,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
         targets = labels_all[train_ids].to(device)
         for epoch in range(start_epoch, cfg.base.epochs):
             net.train()
-            order = torch.randperm(len(train_ids), generator=_generator(cfg.seed, 1, epoch, torch.device("cpu")))
+            order = torch.randperm(len(train_ids), generator=seeded_generator(cfg.seed, BASE_EPOCH_ORDER + epoch))
             order = order.to(device)
             bar = tqdm(range(steps_per_epoch), desc=f"base epoch {epoch + 1}/{cfg.base.epochs}", leave=False,
                        disable=not (show_progress and group.is_main))
@@ -154,7 +151,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
                 step = epoch * steps_per_epoch + i
                 set_lr(opt, warmup_cosine(step, total_steps, cfg.base.warmup_steps, 0.0, cfg.base.min_lr_ratio))
                 idx = order[i * batch:(i + 1) * batch]
-                gen = _generator(cfg.seed, 2, step, device)
+                gen = seeded_generator(cfg.seed, BASE_STEP_AUGMENT + step, device)
                 x = train_augment(images[idx], preset, gen)
                 y_a = y_b = targets[idx]
                 lam = torch.ones(batch, device=device)

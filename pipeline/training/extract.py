@@ -17,6 +17,7 @@ from pipeline.data.augment import test_transform, train_augment
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.device import resolve_device
+from pipeline.seeding import EXTRACT_VIEW, seeded_generator
 from pipeline.store.feature_store import FeatureStoreWriter
 from pipeline.training.base_model import load_base_model
 
@@ -70,7 +71,7 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
             if extra is not None:
                 writer.write(f"{part}/session", 0, extra)
         for view in range(views):
-            gen = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + 104_729 + view)
+            gen = seeded_generator(cfg.seed, EXTRACT_VIEW + view, device)
             for start, chunk in _batches(fewshot_ids, size):
                 writer.write_view(view, start, maps_of(chunk, gen).astype(np_dtype))
                 bar.update(len(chunk))

@@ -25,6 +25,7 @@ from pipeline.file_digest import file_digest
 from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
 from pipeline.losses.classification import CLASSIFICATION_LOSSES, loss_scale, mixed_loss
 from pipeline.models.fscil import build_head
+from pipeline.seeding import SESSION, seeded_generator
 from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMeanMemory
 from pipeline.training.base_model import MODEL_FILE, config_digest
@@ -157,7 +158,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     steps = inc.session_value("steps", session)
     batch = min(inc.batch_size, len(y_all))
     per_epoch = len(y_all) // batch
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 15_485_863 * session)
+    gen = seeded_generator(cfg.seed, SESSION * session)
     projector.train()
     classifier.train()
     history = {"loss": [], "cls": [], "supp": [], "sep": []}
