@@ -65,12 +65,12 @@ class ModelConfig(SectionConfig):
     def __post_init__(self):
         self.check_types()
         from pipeline.models.backbones import BACKBONES
-        from pipeline.models.classifier import CLASSIFIERS
+        from pipeline.models.classifier import HEADS
         from pipeline.models.projector import PROJECTOR_KINDS
 
         check(self.backbone in BACKBONES, "model", "backbone", f"must be one of {sorted(BACKBONES)}")
         check(self.projector in PROJECTOR_KINDS, "model", "projector", f"must be one of {sorted(PROJECTOR_KINDS)}")
-        check(self.classifier in CLASSIFIERS, "model", "classifier", f"must be one of {sorted(CLASSIFIERS)}")
+        check(self.classifier in HEADS, "model", "classifier", f"must be one of {sorted(HEADS)}")
         check(self.resnet18_stem in ("cifar", "imagenet"), "model", "resnet18_stem", "must be cifar or imagenet")
         for key in ("dim", "d_state", "dt_rank", "expand", "d_conv"):
             check(getattr(self, key) >= 1, "model", key, "must be >= 1")

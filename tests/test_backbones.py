@@ -270,3 +270,11 @@ def test_bad_arguments_raise_fscil_error() -> None:
         vit.feature_hw(64)
     with pytest.raises(FSCILError, match="too small"):
         resnet12((8, 16, 24, 32)).feature_hw(8)
+
+
+def test_every_registered_backbone_has_its_config_arguments():
+    """The config -> constructor table covers exactly the registry, so a new backbone cannot be half-registered."""
+    from pipeline.models.backbones import BACKBONES
+    from pipeline.models.fscil import BACKBONE_ARGS
+
+    assert set(BACKBONE_ARGS) == set(BACKBONES)

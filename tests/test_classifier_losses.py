@@ -112,6 +112,6 @@ def test_feature_mixup_fixed_ratio_and_probability():
 
 def test_dr_scale_weights_the_dr_loss_only():
     # the authors' x10 belongs to the ETF head's DR loss; scaling cross-entropy by it made base training diverge
-    from pipeline.losses.classification import loss_scale
+    from pipeline.models.classifier import HEADS
 
-    assert loss_scale("etf", 10.0) == 10.0 and loss_scale("linear", 10.0) == 1.0
+    assert HEADS["etf"].loss_scale(10.0) == 10.0 and HEADS["linear"].loss_scale(10.0) == 1.0

@@ -39,12 +39,3 @@ def mixed_loss(loss_fn, logits: torch.Tensor, target_a: torch.Tensor, target_b: 
     lam = torch.as_tensor(lam, dtype=logits.dtype, device=logits.device).expand(logits.shape[0])
     return (loss_fn(logits, target_a, lam, denominator, scale)
             + loss_fn(logits, target_b, 1.0 - lam, denominator, scale))
-
-
-CLASSIFICATION_LOSSES = {"etf": dot_regression_loss, "linear": cross_entropy_loss}
-
-
-def loss_scale(classifier: str, dr_scale: float) -> float:
-    """The weight of a classifier's loss: `dr_scale` (the authors' x10) belongs to the DR loss of the ETF head only;
-    cross-entropy of the linear head is never scaled (x10 made its base training diverge at the CPU presets' lr)."""
-    return dr_scale if CLASSIFICATION_LOSSES[classifier] is dot_regression_loss else 1.0

@@ -7,10 +7,14 @@ classes seen after session t are the first `num_seen` columns.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pipeline.losses.classification import cross_entropy_loss, dot_regression_loss
 
 
 def simplex_etf(dim: int, num_classes: int, seed: int = 0) -> torch.Tensor:
@@ -52,4 +56,19 @@ class LinearClassifier(nn.Module):
         return logits if num_seen is None else logits[:, :num_seen]
 
 
-CLASSIFIERS: dict[str, type[nn.Module]] = {"etf": ETFClassifier, "linear": LinearClassifier}
+@dataclass(frozen=True)
+class Head:
+    """A classifier and the loss it trains with (params model.classifier names one)."""
+
+    classifier: type[nn.Module]
+    loss: Callable[..., torch.Tensor]
+    scaled: bool  # the authors' x10 (`dr_scale`) belongs to the DR loss only; CE x10 made the linear head diverge
+
+    def loss_scale(self, dr_scale: float) -> float:
+        return dr_scale if self.scaled else 1.0
+
+
+HEADS: dict[str, Head] = {
+    "etf": Head(ETFClassifier, dot_regression_loss, scaled=True),  # fixed ETF + DR (eq. loss_dr)
+    "linear": Head(LinearClassifier, cross_entropy_loss, scaled=False),  # learnable linear + CE (ETF ablation)
+}

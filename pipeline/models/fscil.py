@@ -6,11 +6,13 @@ incremental sessions run the head alone on cached maps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from pipeline.models.backbones import build_backbone
-from pipeline.models.classifier import CLASSIFIERS
+from pipeline.models.classifier import HEADS
 from pipeline.models.projector import Projector, ProjectorOutput
 from pipeline.models.ss2d import BranchDims
 
@@ -53,23 +55,29 @@ def branch_dims(model_cfg) -> BranchDims:
                       mlp_layers=model_cfg.mlp_layers, out_norm=model_cfg.out_norm)
 
 
+def _timm_args(model_cfg, input_size: int) -> dict:
+    return {"img_size": input_size, **({"timm_name": model_cfg.timm_name} if model_cfg.timm_name else {})}
+
+
+# what each registered backbone takes from ModelConfig and the input size, besides its pretrained weights
+BACKBONE_ARGS: dict[str, Callable[..., dict]] = {
+    "resnet12": lambda cfg, size: {"widths": tuple(cfg.backbone_widths)} if cfg.backbone_widths else {},
+    "resnet18": lambda cfg, size: {"stem": cfg.resnet18_stem},
+    "vit_b16": _timm_args,
+    "swin_t": _timm_args,
+}
+
+
 def build_backbone_from_config(model_cfg, input_size: int) -> nn.Module:
-    kwargs: dict = {"pretrained": model_cfg.pretrained, "pretrained_sha256": model_cfg.pretrained_sha256}
-    if model_cfg.backbone == "resnet12" and model_cfg.backbone_widths:
-        kwargs["widths"] = tuple(model_cfg.backbone_widths)
-    if model_cfg.backbone == "resnet18":
-        kwargs["stem"] = model_cfg.resnet18_stem
-    if model_cfg.backbone in ("vit_b16", "swin_t"):
-        kwargs["img_size"] = input_size
-        if model_cfg.timm_name:
-            kwargs["timm_name"] = model_cfg.timm_name
-    return build_backbone(model_cfg.backbone, **kwargs)
+    kwargs = BACKBONE_ARGS[model_cfg.backbone](model_cfg, input_size)
+    return build_backbone(model_cfg.backbone, pretrained=model_cfg.pretrained,
+                          pretrained_sha256=model_cfg.pretrained_sha256, **kwargs)
 
 
 def build_head(model_cfg, in_channels: int, feature_hw: tuple[int, int], num_classes: int
                ) -> tuple[Projector, nn.Module]:
     projector = Projector(model_cfg.projector, in_channels, feature_hw, branch_dims(model_cfg))
-    classifier = CLASSIFIERS[model_cfg.classifier](model_cfg.dim, num_classes, seed=model_cfg.etf_seed)
+    classifier = HEADS[model_cfg.classifier].classifier(model_cfg.dim, num_classes, seed=model_cfg.etf_seed)
     return projector, classifier
 
 

@@ -23,7 +23,8 @@ from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.device import resolve_device
 from pipeline.errors import FSCILError
-from pipeline.losses.classification import CLASSIFICATION_LOSSES, loss_scale, mixed_loss
+from pipeline.losses.classification import mixed_loss
+from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.seeding import BASE_EPOCH_ORDER, BASE_STEP_AUGMENT, seeded_generator
 from pipeline.training.base_model import MODEL_FILE, config_digest
@@ -124,8 +125,8 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
             convert_global_batchnorm(model)
             net = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
         opt = _optimizer(model, cfg)
-        loss_fn = CLASSIFICATION_LOSSES[cfg.model.classifier]
-        scale = loss_scale(cfg.model.classifier, cfg.base.dr_scale)
+        head = HEADS[cfg.model.classifier]
+        loss_fn, scale = head.loss, head.loss_scale(cfg.base.dr_scale)
         steps_per_epoch = len(train_ids) // batch
         total_steps = cfg.base.epochs * steps_per_epoch
         meta = {"kind": "base-resume", "config": config_digest(cfg), "data": pack.content_hash}

@@ -23,7 +23,8 @@ from pipeline.device import resolve_device
 from pipeline.errors import FSCILError
 from pipeline.file_digest import file_digest
 from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
-from pipeline.losses.classification import CLASSIFICATION_LOSSES, loss_scale, mixed_loss
+from pipeline.losses.classification import mixed_loss
+from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import build_head
 from pipeline.seeding import SESSION, seeded_generator
 from pipeline.store.feature_store import FeatureStore
@@ -95,8 +96,8 @@ def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is
     loss_supp), separation (eq. loss_sep)); a term whose weights are zero is an exact 0."""
     out = projector(x, mode="incremental", return_aux=True)
     mu, y_a, y_b, lam = feature_mixup(out.mu, y, inc.mixup_ratio, inc.mixup_prob, gen)
-    cls = mixed_loss(CLASSIFICATION_LOSSES[classifier_kind], classifier(mu, num_seen), y_a, y_b, lam,
-                     scale=loss_scale(classifier_kind, inc.dr_scale))
+    head = HEADS[classifier_kind]
+    cls = mixed_loss(head.loss, classifier(mu, num_seen), y_a, y_b, lam, scale=head.loss_scale(inc.dr_scale))
     supp = sep = torch.zeros((), device=x.device)
     if inc.lambda1 or inc.lambda2:
         target = SUPPRESSION_TARGETS[inc.suppression](out.aux, out.mu_inc)
