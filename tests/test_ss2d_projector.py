@@ -4,12 +4,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pipeline.config import ModelConfig
 from pipeline.models.projector import PROJECTOR_KINDS, Projector
 from pipeline.models.ss2d import BranchDims, MLPBranch, SS2DBranch, mamba_dt_bias, ssm_mixer_parameters
 from pipeline.ops.cross_scan import cross_merge, cross_scan
 from pipeline.ops.selective_scan import selective_scan
 
-DIMS = BranchDims(dim=16, d_state=4, dt_rank=3, k_paths=4)
+
+def _dims(**widths) -> BranchDims:
+    """Branch widths as a params model section would give them (ModelConfig's defaults for the rest)."""
+    return BranchDims.from_config(ModelConfig(**widths))
+
+
+DIMS = _dims(dim=16, d_state=4, dt_rank=3, k_paths=4)
 C, HW = 8, (2, 3)
 
 
@@ -20,7 +27,7 @@ def _maps(n=5):
 @pytest.mark.parametrize("k", [1, 2, 4])
 @pytest.mark.parametrize("expand,out_norm,mlp_layers", [(1, False, 2), (2, True, 3)])
 def test_ss2d_shapes_aux_and_gradients(k, expand, out_norm, mlp_layers):
-    dims = BranchDims(dim=16, d_state=4, dt_rank=3, k_paths=k, expand=expand, out_norm=out_norm,
+    dims = _dims(dim=16, d_state=4, dt_rank=3, k_paths=k, expand=expand, out_norm=out_norm,
                       mlp_layers=mlp_layers)
     branch = SS2DBranch(C, HW, dims)
     mu, aux = branch(_maps(), return_aux=True)
@@ -89,7 +96,7 @@ def test_mlp_branch_has_gate_but_no_ssm_parameters():
     torch.testing.assert_close(mu, (branch.mlp(x) * F.silu(z)).mean(1))
 
 
-@pytest.mark.parametrize("dims", [DIMS, BranchDims(dim=128, d_state=16, dt_rank=16), BranchDims()])
+@pytest.mark.parametrize("dims", [DIMS, _dims(dim=128, d_state=16, dt_rank=16), _dims()])
 def test_mlp_baseline_matches_the_ssm_mixer_budget(dims):
     ssm, mlp = SS2DBranch(C, HW, dims), MLPBranch(C, HW, dims)
     mixer = sum(p.numel() for n, p in ssm.named_parameters() if n.split(".")[0] in
@@ -154,7 +161,7 @@ def test_identity_p_iden_when_widths_match():
 def test_mlp_baseline_starts_at_the_ssm_output_scale(k):
     # with g_inc's gate at zero the first gradient reaches only p_z and is proportional to the mixer's output y;
     # PyTorch's default init gave the MLP y ~ 0.6 x against the scan's K x, and its g_inc stayed shut for sessions
-    dims = BranchDims(dim=64, d_state=8, dt_rank=8, k_paths=k)
+    dims = _dims(dim=64, d_state=8, dt_rank=8, k_paths=k)
     grads = {}
     for name, cls in (("mlp", MLPBranch), ("ssm", SS2DBranch)):
         torch.manual_seed(0)

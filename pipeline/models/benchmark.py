@@ -22,12 +22,12 @@ def _median_ms(fn, repeats: int) -> float:
 
 def benchmark_branch(preset: str, overrides: dict, batch: int, channels: int, hw: int, repeats: int,
                      device: str = "cpu") -> dict:
-    from pipeline.models.fscil import branch_dims
     from pipeline.models.projector import PROJECTOR_KINDS
+    from pipeline.models.ss2d import BranchDims
 
     cfg, _ = preset_model_config(preset, overrides)
     torch.manual_seed(0)
-    branch = PROJECTOR_KINDS[cfg.projector].branch(channels, (hw, hw), branch_dims(cfg)).to(device)
+    branch = PROJECTOR_KINDS[cfg.projector].branch(channels, (hw, hw), BranchDims.from_config(cfg)).to(device)
     f = torch.randn(batch, channels, hw, hw, device=device)
 
     def sync():

@@ -49,12 +49,6 @@ class FSCILModel(nn.Module):
         return self
 
 
-def branch_dims(model_cfg) -> BranchDims:
-    return BranchDims(dim=model_cfg.dim, d_state=model_cfg.d_state, dt_rank=model_cfg.dt_rank,
-                      k_paths=model_cfg.k_paths, expand=model_cfg.expand, d_conv=model_cfg.d_conv,
-                      mlp_layers=model_cfg.mlp_layers, out_norm=model_cfg.out_norm)
-
-
 def _timm_args(model_cfg, input_size: int) -> dict:
     return {"img_size": input_size, **({"timm_name": model_cfg.timm_name} if model_cfg.timm_name else {})}
 
@@ -76,7 +70,7 @@ def build_backbone_from_config(model_cfg, input_size: int) -> nn.Module:
 
 def build_head(model_cfg, in_channels: int, feature_hw: tuple[int, int], num_classes: int
                ) -> tuple[Projector, nn.Module]:
-    projector = Projector(model_cfg.projector, in_channels, feature_hw, branch_dims(model_cfg))
+    projector = Projector(model_cfg.projector, in_channels, feature_hw, BranchDims.from_config(model_cfg))
     classifier = HEADS[model_cfg.classifier].classifier(model_cfg.dim, num_classes, seed=model_cfg.etf_seed)
     return projector, classifier
 

@@ -7,7 +7,7 @@ zero-initialised gate projection (appendix "Initialization of the Incremental Br
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -20,16 +20,21 @@ from pipeline.ops.selective_scan import selective_scan
 
 @dataclass(frozen=True)
 class BranchDims:
-    """Widths of one projector branch. Defaults are the paper's (CIFAR: D' 640, d_state = dt_rank = 256, K 4)."""
+    """Widths of one projector branch: the values of the params model section (`from_config`), no defaults here."""
 
-    dim: int = 640  # D', the projector width
-    d_state: int = 256  # D_B = D_C
-    dt_rank: int = 256  # D_Delta, the low-rank width of f_Delta
-    k_paths: int = 4  # number of scan paths K (1, 2 or 4)
-    expand: int = 1  # d_inner = expand * D'
-    d_conv: int = 3  # depthwise conv kernel
-    mlp_layers: int = 2  # p_mlp depth (2 or 3)
-    out_norm: bool = False  # LayerNorm on the merged scan output before gating (the authors' code)
+    dim: int  # D', the projector width
+    d_state: int  # D_B = D_C
+    dt_rank: int  # D_Delta, the low-rank width of f_Delta
+    k_paths: int  # number of scan paths K (1, 2 or 4)
+    expand: int  # d_inner = expand * D'
+    d_conv: int  # depthwise conv kernel
+    mlp_layers: int  # p_mlp depth (2 or 3)
+    out_norm: bool  # LayerNorm on the merged scan output before gating (the authors' code)
+
+    @classmethod
+    def from_config(cls, model_cfg) -> BranchDims:
+        """The branch widths of a ModelConfig (or anything with the same attributes)."""
+        return cls(**{f.name: getattr(model_cfg, f.name) for f in fields(cls)})
 
     @property
     def d_inner(self) -> int:
