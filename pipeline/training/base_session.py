@@ -95,6 +95,45 @@ def evaluate_images(model: FSCILModel, pack: ImagePack, ids: np.ndarray, num_see
     return predict(lambda x: model(x, num_seen, mode=mode), batches)
 
 
+def _resume(ckpt: Path, meta: dict, model: FSCILModel, opt: torch.optim.SGD) -> tuple[int, list]:
+    """(first epoch, loss history) from the resumable checkpoint when it belongs to this config and pack, else
+    (0, []); loads the model and optimizer state in place."""
+    if not ckpt.is_file():
+        return 0, []
+    stored = read_metadata(ckpt)
+    if stored.get("config") != meta["config"] or stored.get("data") != meta["data"]:
+        return 0, []
+    tensors, stored = load_checkpoint(ckpt)
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    _load_optimizer(opt, model, tensors)
+    return int(stored["epoch"]), list(stored["history"])
+
+
+def _base_batch(images: torch.Tensor, targets: torch.Tensor, num_base: int, preset, base_cfg,
+                gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One global batch of eq. optim_base: augmented images, the two targets and lam of batch Mixup/CutMix
+    (target_b == target_a and lam == 1 when nothing is mixed)."""
+    x = train_augment(images, preset, gen)
+    y_a = y_b = targets
+    lam = torch.ones(len(targets), device=images.device)
+    if base_cfg.mixup_alpha > 0 or base_cfg.cutmix_alpha > 0:
+        mixed = mixup_cutmix(x, y_a, num_base, base_cfg.mixup_alpha, base_cfg.cutmix_alpha, base_cfg.mix_prob, 0.5,
+                             gen)
+        x, y_a, y_b, lam = mixed.images, mixed.target_a, mixed.target_b, mixed.lam
+    return x, y_a, y_b, lam
+
+
+def _write_base_model(out_dir: Path, model: FSCILModel, cfg, pack: ImagePack, input_size: int, result: dict) -> None:
+    """out_dir/model.safetensors, keyed by the config digest and the pack (base_model.py reads it), and metrics.json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(out_dir / MODEL_FILE, model.state_dict(), {
+        "kind": "base-model", "config": config_digest(cfg), "data": pack.content_hash,
+        "model": cfg.to_dict()["model"], "input_size": input_size, "preset": pack.preset,
+        "num_classes": pack.protocol.num_classes, "seed": cfg.seed,
+    })
+    (out_dir / "metrics.json").write_text(json.dumps(result, indent=2))
+
+
 def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path, *,
                stop_after_epoch: int | None = None, show_progress: bool = True) -> dict:
     """Train the base session; the main process writes `out_dir`/model.safetensors + metrics.json.
@@ -130,15 +169,8 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
         steps_per_epoch = len(train_ids) // batch
         total_steps = cfg.base.epochs * steps_per_epoch
         meta = {"kind": "base-resume", "config": config_digest(cfg), "data": pack.content_hash}
-        start_epoch, history = 0, []
         ckpt = Path(checkpoint_dir) / RESUME_FILE
-        if ckpt.is_file():
-            stored = read_metadata(ckpt)
-            if stored.get("config") == meta["config"] and stored.get("data") == meta["data"]:
-                tensors, stored = load_checkpoint(ckpt)
-                model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-                _load_optimizer(opt, model, tensors)
-                start_epoch, history = int(stored["epoch"]), list(stored["history"])
+        start_epoch, history = _resume(ckpt, meta, model, opt)
         images = load_base_train_images(pack, train_ids, device)
         targets = labels_all[train_ids].to(device)
         for epoch in range(start_epoch, cfg.base.epochs):
@@ -153,13 +185,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
                 set_lr(opt, warmup_cosine(step, total_steps, cfg.base.warmup_steps, 0.0, cfg.base.min_lr_ratio))
                 idx = order[i * batch:(i + 1) * batch]
                 gen = seeded_generator(cfg.seed, BASE_STEP_AUGMENT + step, device)
-                x = train_augment(images[idx], preset, gen)
-                y_a = y_b = targets[idx]
-                lam = torch.ones(batch, device=device)
-                if cfg.base.mixup_alpha > 0 or cfg.base.cutmix_alpha > 0:
-                    mixed = mixup_cutmix(x, y_a, num_base, cfg.base.mixup_alpha, cfg.base.cutmix_alpha,
-                                         cfg.base.mix_prob, 0.5, gen)
-                    x, y_a, y_b, lam = mixed.images, mixed.target_a, mixed.target_b, mixed.lam
+                x, y_a, y_b, lam = _base_batch(images[idx], targets[idx], num_base, preset, cfg.base, gen)
                 logits = net(x[local])
                 loss = mixed_loss(loss_fn, logits, y_a[local], y_b[local], lam[local], scale=scale)
                 # the global-batch loss (mean of the equal slices' means): every process logs and checks the same one
@@ -186,19 +212,12 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
             test_ids = protocol.test_ids_seen(0, pack.labels)
             pred = evaluate_images(model, pack, test_ids, num_base, preset, device, cfg.base.eval_batch_size)
             metrics = session_metrics(pred, pack.labels[test_ids], num_base, num_base)
-            out_dir = Path(out_dir)
-            out_dir.mkdir(parents=True, exist_ok=True)
-            save_checkpoint(out_dir / MODEL_FILE, model.state_dict(), {
-                "kind": "base-model", "config": config_digest(cfg), "data": pack.content_hash,
-                "model": cfg.to_dict()["model"], "input_size": preset.input_size, "preset": pack.preset,
-                "num_classes": protocol.num_classes, "seed": cfg.seed,
-            })
             result = {"session": 0, **metrics, "preset": cfg.preset, "projector": cfg.model.projector,
                       "train_loss": history, "epochs": cfg.base.epochs,
                       "steps": total_steps, "world_size": group.world_size,
                       "num_sessions": len(protocol.sessions),
                       "seconds": round(time.time() - started, 2)}
-            (out_dir / "metrics.json").write_text(json.dumps(result, indent=2))
+            _write_base_model(Path(out_dir), model, cfg, pack, preset.input_size, result)
         barrier(group)
     cleanup(group)
     return result
