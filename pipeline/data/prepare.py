@@ -9,19 +9,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.data.assemble import assemble
 from pipeline.data.cec_splits import BENCHMARKS, BenchmarkShape, read_cec_splits
 from pipeline.data.cifar100 import read_cifar100
 from pipeline.data.class_folder import class_folder_protocol, read_class_folder
-from pipeline.data.config import DataConfig
 from pipeline.data.cub200 import read_cub200
 from pipeline.data.mini_imagenet import read_mini_imagenet
 from pipeline.data.omniglot import read_omniglot
 from pipeline.data.pack import PackContent, write_pack
 from pipeline.data.source import SourceDataset
 from pipeline.data.synthetic import SyntheticSpec, synthetic_pack_content
+
+if TYPE_CHECKING:  # the data package does not import the top-level config at run time
+    from pipeline.config import DataConfig
 
 
 def _config_provenance(cfg: DataConfig) -> dict[str, Any]:
