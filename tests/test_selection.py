@@ -26,15 +26,16 @@ from tests.pipeline_fixtures import cli, run_stage, write_params
 
 # of the 8 base classes: 4 pseudo-base + 2 pseudo sessions x 2 ways; one candidate per factor but two for
 # freeze_base, so the whole selection trains one tiny base model and four candidates
-TINY_SELECTION = {"sessions": 2, "freeze_base": [True, False], "suppression": ["z"], "k_paths": [4],
-                  "inc_init": ["random"], "steps": [], "mixup_prob": [],
+TINY_SELECTION = {"sessions": 2, "protocols": 1, "freeze_base": [True, False], "suppression": ["z"], "k_paths": [4],
+                  "inc_init": ["random"], "steps": [], "mixup_prob": [], "replay": [], "copy": [], "base_copy": [],
                   "lambda1": [10.0], "lambda2": [0.1], "lambda3": [0.1]}
 
 
 @pytest.fixture(scope="module")
 def real_pack(tmp_path_factory):
     root = tmp_path_factory.mktemp("selection")
-    params = write_params(root / "params.yaml", selection=TINY_SELECTION)
+    # suppression pinned to z: the expected candidate orders below do not follow the preset's value
+    params = write_params(root / "params.yaml", selection=TINY_SELECTION, incremental={"suppression": "z"})
     run_stage("prepare", params, root / "data")
     return params, StagePaths(root / "data")
 
