@@ -30,7 +30,8 @@ import pandas as pd
 import yaml
 
 from pipeline.atomic import atomic_output, atomic_write_text
-from pipeline.config import Config, SelectionConfig
+from pipeline.config import Config
+from pipeline.config_sections import SelectionConfig
 from pipeline.data.pack import ImagePack, PackContent, chunk_rows, write_pack
 from pipeline.data.protocol import FSCILProtocol
 from pipeline.data.sampling import draw_sessions, split_test

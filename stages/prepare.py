@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import Config, DataConfig, check_against_data
+from pipeline.config import Config, check_against_data
+from pipeline.config_sections import DataConfig
 from pipeline.data.pack import ImagePack
 from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError

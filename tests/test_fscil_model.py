@@ -2,7 +2,7 @@
 
 import torch
 
-from pipeline.config import ModelConfig
+from pipeline.config_sections import ModelConfig
 from pipeline.models.fscil import build_model
 
 

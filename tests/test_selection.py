@@ -13,7 +13,8 @@ import torch
 import yaml
 
 import pipeline.selection as selection
-from pipeline.config import SelectionConfig, load_config
+from pipeline.config import load_config
+from pipeline.config_sections import SelectionConfig
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError
 from pipeline.models.fscil import build_head

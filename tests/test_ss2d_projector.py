@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.config import ModelConfig
+from pipeline.config_sections import ModelConfig
 from pipeline.models.projector import PROJECTOR_KINDS, Projector
 from pipeline.models.ss2d import BranchDims, MLPBranch, SS2DBranch, mamba_dt_bias, ssm_mixer_parameters
 from pipeline.ops.cross_scan import cross_merge, cross_scan

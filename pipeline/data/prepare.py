@@ -23,7 +23,7 @@ from pipeline.data.source import SourceDataset
 from pipeline.data.synthetic import SyntheticSpec, synthetic_pack_content
 
 if TYPE_CHECKING:  # the data package does not import the top-level config at run time
-    from pipeline.config import DataConfig
+    from pipeline.config_sections import DataConfig
 
 
 def _config_provenance(cfg: DataConfig) -> dict[str, Any]:

@@ -1,0 +1,379 @@
+"""The params.yaml sections, one dataclass each, each validating itself: data (stage prepare), model, base, extract,
+incremental and selection. `pipeline.config` merges params.yaml over its preset and builds them into a `Config`.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, field
+
+from pipeline.config_fields import SectionConfig, check, fail
+from pipeline.data.cec_splits import BENCHMARKS
+from pipeline.data.checksums import digest_algorithm
+from pipeline.data.presets import PRESETS
+from pipeline.data.synthetic import COLOURS, SHAPES, TEXTURES
+from pipeline.errors import FSCILError
+
+DATASETS = ("synthetic", "cifar100", "mini_imagenet", "cub200", "class_folder", "omniglot")
+CEC_DATASETS = tuple(BENCHMARKS)
+# (base_classes, ways, shots, sessions) when left null; class_folder's base None = all remaining classes
+_DEFAULT_SHAPE = {
+    "synthetic": (60, 5, 5, 8),
+    "class_folder": (None, 5, 5, 8),
+    "omniglot": (60, 5, 5, 8),
+    **{name: (b.base_classes, b.ways, b.shots, b.sessions) for name, b in BENCHMARKS.items()},
+}
+MAX_SYNTHETIC_CLASSES = len(SHAPES) * len(COLOURS) * len(TEXTURES)
+
+
+def _fail_data(key: str, why: str) -> typing.NoReturn:
+    fail("data", key, why)
+
+
+@dataclass
+class DataConfig(SectionConfig):
+    """Which dataset to pack, from where, at which resolution, and (for generated protocols) how."""
+
+    section: typing.ClassVar[str] = "data"
+
+    dataset: str = "synthetic"
+    """synthetic | cifar100 | mini_imagenet | cub200 | class_folder | omniglot."""
+    root: str | None = None
+    """Raw data folder (cifar100: holds cifar-100-python/; mini_imagenet: images/ + split/; cub200: CUB_200_2011;
+    class_folder: root/<class>/<image>; omniglot: an official zip or its extracted folder). Unused for synthetic."""
+    split_dir: str | None = None
+    """CEC index-list folder of this dataset (session_1.txt ...); required for cifar100, mini_imagenet, cub200."""
+    image_size: int | None = None
+    """Stored image side in pixels (null: the preset's, 32 / 84 / 224 / 84 for class_folder / 32 for omniglot)."""
+    verify_checksums: bool = True
+    """Check source files: CIFAR-100's official md5 sums, plus every entry of `checksums`."""
+    checksums: dict[str, str] | None = None
+    """Extra expected digests {path relative to root: hex md5 or sha256}."""
+    base_classes: int | None = None
+    """Number of base classes (null: the benchmark's; class_folder: every class not used by the sessions)."""
+    ways: int | None = None
+    """Classes per incremental session (null: the benchmark's)."""
+    shots: int | None = None
+    """Training images per class in incremental sessions (null: the benchmark's)."""
+    sessions: int | None = None
+    """Number of incremental sessions (null: the benchmark's)."""
+    test_fraction: float = 0.2
+    """class_folder, omniglot: fraction of each class's images held out for testing (at least one)."""
+    shuffle_classes: bool = True
+    """class_folder, omniglot: seeded class order (else sorted by name) decides which classes are base."""
+    train_per_class: int = 100
+    """synthetic: training images per base class."""
+    novel_pool_per_class: int = 20
+    """synthetic: images generated per incremental class, from which `shots` are drawn."""
+    test_per_class: int = 40
+    """synthetic: test images per class."""
+    seed: int = 0
+    """Seed of the synthetic images and of generated protocols."""
+
+    def __post_init__(self) -> None:
+        self.check_types()
+        if self.dataset not in DATASETS:
+            _fail_data("dataset", f"must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
+        if self.dataset != "synthetic" and not self.root:
+            _fail_data("root", f"is required for dataset {self.dataset!r}")
+        if self.dataset in CEC_DATASETS and not self.split_dir:
+            _fail_data("split_dir", f"is required for dataset {self.dataset!r} (the CEC index-list folder)")
+        if self.image_size is not None and self.image_size < 8:
+            _fail_data("image_size", f"must be >= 8, got {self.image_size}")
+        for key in ("base_classes", "ways", "shots", "sessions"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                _fail_data(key, f"must be >= 1, got {value}")
+        for key in ("train_per_class", "test_per_class", "novel_pool_per_class"):
+            if getattr(self, key) < 1:
+                _fail_data(key, f"must be >= 1, got {getattr(self, key)}")
+        if not 0.0 < self.test_fraction < 1.0:
+            _fail_data("test_fraction", f"must be strictly between 0 and 1, got {self.test_fraction}")
+        if self.seed < 0:
+            _fail_data("seed", f"must be >= 0, got {self.seed}")
+        for rel, digest in (self.checksums or {}).items():
+            try:
+                digest_algorithm(digest)
+            except FSCILError:
+                _fail_data(f"checksums.{rel}", f"must be a hex md5 or sha256, got {digest!r}")
+        base, ways, shots, sessions = self.protocol_shape()
+        if self.dataset == "synthetic":
+            if base + ways * sessions > MAX_SYNTHETIC_CLASSES:
+                _fail_data("base_classes", f"+ ways x sessions must be <= {MAX_SYNTHETIC_CLASSES} for synthetic, "
+                      f"got {base + ways * sessions}")
+            if self.novel_pool_per_class < shots:
+                _fail_data("novel_pool_per_class", f"must be >= shots ({shots}), got {self.novel_pool_per_class}")
+
+    def protocol_shape(self) -> tuple[int | None, int, int, int]:
+        """(base_classes, ways, shots, sessions) with nulls filled from the dataset's standard protocol."""
+        defaults = _DEFAULT_SHAPE[self.dataset]
+        given = (self.base_classes, self.ways, self.shots, self.sessions)
+        return tuple(d if g is None else g for g, d in zip(given, defaults, strict=True))  # type: ignore[return-value]
+
+    @property
+    def resolved_image_size(self) -> int:
+        return self.image_size if self.image_size is not None else PRESETS[self.dataset].image_size
+
+
+@dataclass
+class ModelConfig(SectionConfig):
+    section: typing.ClassVar[str] = "model"
+    backbone: str = "resnet12"
+    """Backbone name: resnet12, resnet18, vit_b16, swin_t."""
+    backbone_widths: list[int] | None = None
+    """ResNet-12 stage widths (None: 64-160-320-640); CPU configs use a slim one."""
+    resnet18_stem: str = "cifar"
+    """ResNet-18 stem: cifar (3x3, no max-pool) or imagenet (7x7 + max-pool)."""
+    timm_name: str | None = None
+    """timm model name overriding the default of vit_b16 / swin_t."""
+    pretrained: str | None = None
+    """Local path of backbone weights (.safetensors or .pt/.pth); never downloaded."""
+    pretrained_sha256: str | None = None
+    """Expected sha256 of the pretrained file (checked when given)."""
+    projector: str = "dual_ssm"
+    """Projector kind: dual_ssm (the paper), single_ssm (ablation row 2), mlp (baseline row 1)."""
+    dim: int = 640
+    """Projector width D'."""
+    d_state: int = 256
+    """SSM state size (D_B = D_C)."""
+    dt_rank: int = 256
+    """Low-rank width of f_Delta (D_Delta)."""
+    k_paths: int = 4
+    """Number of scan paths K: 1, 2 or 4."""
+    expand: int = 1
+    """d_inner = expand * D'."""
+    d_conv: int = 3
+    """Depthwise conv kernel of the x stream."""
+    mlp_layers: int = 2
+    """p_mlp depth: 2 or 3."""
+    out_norm: bool = False
+    """LayerNorm on the merged scan output before gating (the authors' code; the paper has none)."""
+    classifier: str = "etf"
+    """etf (fixed ETF + DR loss) or linear (learnable + cross-entropy)."""
+    etf_seed: int = 0
+    """Seed of the ETF's random orthonormal basis."""
+
+    def __post_init__(self):
+        self.check_types()
+        from pipeline.models.backbones import BACKBONES
+        from pipeline.models.classifier import HEADS
+        from pipeline.models.projector import PROJECTOR_KINDS
+
+        check(self.backbone in BACKBONES, "model", "backbone", f"must be one of {sorted(BACKBONES)}")
+        check(self.projector in PROJECTOR_KINDS, "model", "projector", f"must be one of {sorted(PROJECTOR_KINDS)}")
+        check(self.classifier in HEADS, "model", "classifier", f"must be one of {sorted(HEADS)}")
+        check(self.resnet18_stem in ("cifar", "imagenet"), "model", "resnet18_stem", "must be cifar or imagenet")
+        for key in ("dim", "d_state", "dt_rank", "expand", "d_conv"):
+            check(getattr(self, key) >= 1, "model", key, "must be >= 1")
+        check(self.k_paths in (1, 2, 4), "model", "k_paths", "must be 1, 2 or 4")
+        check(self.mlp_layers in (2, 3), "model", "mlp_layers", "must be 2 or 3")
+
+
+@dataclass
+class BaseConfig(SectionConfig):
+    section: typing.ClassVar[str] = "base"
+    epochs: int = 200
+    """Base-session epochs."""
+    batch_size: int = 512
+    """Global batch size (split evenly over processes; results depend on this, not on the process count)."""
+    lr: float = 0.25
+    """Peak SGD learning rate of the projector (and of the backbone, times backbone_lr_scale)."""
+    backbone_lr_scale: float = 1.0
+    """Backbone learning-rate multiplier (CUB: 0.1)."""
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    warmup_steps: int = 100
+    """Linear warm-up steps before the cosine schedule."""
+    min_lr_ratio: float = 0.0
+    """Final learning rate as a fraction of lr."""
+    mixup_alpha: float = 0.0
+    """Batch Mixup alpha (0: off)."""
+    cutmix_alpha: float = 0.0
+    """Batch CutMix alpha (0: off)."""
+    mix_prob: float = 1.0
+    """Probability of mixing a batch when mixup/cutmix is on."""
+    dr_scale: float = 1.0
+    """Multiplier of the DR loss (the authors use 10)."""
+    checkpoint_every: int = 1
+    """Write a resumable checkpoint every this many epochs."""
+    eval_batch_size: int = 256
+
+    def __post_init__(self):
+        self.check_types()
+        for key in ("epochs", "batch_size", "checkpoint_every", "eval_batch_size"):
+            check(getattr(self, key) >= 1, "base", key, "must be >= 1")
+        check(self.lr > 0, "base", "lr", "must be > 0")
+        check(0 <= self.mix_prob <= 1, "base", "mix_prob", "must be in [0, 1]")
+        check(self.warmup_steps >= 0, "base", "warmup_steps", "must be >= 0")
+
+
+@dataclass
+class ExtractConfig(SectionConfig):
+    section: typing.ClassVar[str] = "extract"
+    batch_size: int = 256
+    """Images per backbone forward."""
+    augmented_views: int = 0
+    """Extra augmented views stored per few-shot training image."""
+    chunk_samples: int = 256
+    """Zarr chunk length along the sample axis."""
+    dtype: str = "float32"
+    """Stored map dtype: float32 or float16."""
+
+    def __post_init__(self):
+        self.check_types()
+        check(self.batch_size >= 1, "extract", "batch_size", "must be >= 1")
+        check(self.augmented_views >= 0, "extract", "augmented_views", "must be >= 0")
+        check(self.chunk_samples >= 1, "extract", "chunk_samples", "must be >= 1")
+        check(self.dtype in ("float32", "float16"), "extract", "dtype", "must be float32 or float16")
+
+
+@dataclass
+class IncrementalConfig(SectionConfig):
+    section: typing.ClassVar[str] = "incremental"
+    steps: list[int] = field(default_factory=lambda: [200])
+    """Training steps per session: one value for all sessions, or one per session."""
+    lr: float = 0.25
+    batch_size: int = 64
+    """Global batch size (shuffled, drop_last, cycled for `steps`)."""
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    warmup_steps: int = 5
+    """Linear warm-up from warmup_ratio * lr."""
+    warmup_ratio: float = 0.1
+    min_lr_ratio: float = 0.01
+    """Cosine schedule ends at min_lr_ratio * lr."""
+    copy: int = 1
+    """Copies of each earlier novel class's replayed samples in a session's training set."""
+    replay: str = "mean"
+    """What stands for an earlier novel class in later sessions: mean (its class-mean map, the paper's memory) or
+    shots (its few stored shot maps, already in the feature store)."""
+    base_copy: list[int] = field(default_factory=lambda: [1])
+    """Copies of each base-class prototype: one value, or one per session."""
+    lambda1: float = 100.0
+    """Suppression weight on base inputs (eq. loss_supp)."""
+    lambda2: float = 0.0
+    """Activation weight on novel inputs (eq. loss_supp)."""
+    lambda3: float = 0.0
+    """Separation weight (eq. loss_sep)."""
+    suppression: str = "z"
+    """What the suppression loss acts on: z (the paper), silu_z, mu_inc."""
+    freeze_base: bool = True
+    """Freeze p_iden and g_base after the base session (the paper); false: they train in every session too."""
+    inc_init: str = "random"
+    """How g_inc starts in session 1: random (its own fresh initialisation) or base (a copy of the trained g_base with
+    the gate p_z zeroed). Either way mu_inc = 0 when session 1 starts (appendix "Initialization of the Incremental
+    Branch")."""
+    mixup_ratio: float = 0.5
+    """Feature-mixup ratio."""
+    mixup_prob: float = 0.0
+    """Feature-mixup probability per batch (0: off)."""
+    dr_scale: float = 1.0
+    grad_clip_norm: float | None = None
+    """Clip the gradient norm of g_inc to this value each step (null: no clipping, the paper's setting)."""
+    eval_batch_size: int = 512
+
+    def __post_init__(self):
+        self.check_types()
+        from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS
+
+        check(len(self.steps) >= 1 and min(self.steps) >= 1, "incremental", "steps", "must be >= 1")
+        check(len(self.base_copy) >= 1 and min(self.base_copy) >= 0, "incremental", "base_copy", "must be >= 0")
+        check(self.batch_size >= 1, "incremental", "batch_size", "must be >= 1")
+        check(self.copy >= 0, "incremental", "copy", "must be >= 0")
+        check(self.replay in ("mean", "shots"), "incremental", "replay", "must be mean or shots")
+        check(self.lr > 0, "incremental", "lr", "must be > 0")
+        check(self.suppression in SUPPRESSION_TARGETS, "incremental", "suppression",
+               f"must be one of {sorted(SUPPRESSION_TARGETS)}")
+        check(0 <= self.mixup_prob <= 1, "incremental", "mixup_prob", "must be in [0, 1]")
+        for key in ("lambda1", "lambda2", "lambda3"):
+            check(getattr(self, key) >= 0, "incremental", key, "must be >= 0")
+        check(self.inc_init in ("random", "base"), "incremental", "inc_init", "must be random or base")
+        check(self.grad_clip_norm is None or self.grad_clip_norm > 0, "incremental", "grad_clip_norm",
+              "must be > 0 or null")
+
+    def session_value(self, key: str, session: int) -> int:
+        """`steps` / `base_copy` of incremental session `session` (1-based): per-session lists or one value."""
+        values = getattr(self, key)
+        if len(values) == 1:
+            return values[0]
+        if session > len(values):
+            raise FSCILError(f"params: incremental.{key} has {len(values)} values but session {session} was asked")
+        return values[session - 1]
+
+
+@dataclass
+class SelectionConfig(SectionConfig):
+    """`fscil select`: the pseudo-incremental protocol built from the base session's training data and the candidate
+    sets compared on it (paper appendix supp:hyperparameter_protocol)."""
+
+    section: typing.ClassVar[str] = "selection"
+    seed: int = 0
+    """Seed of the pseudo protocol and of every candidate run (the paper: 0)."""
+    protocols: int = 1
+    """Pseudo protocols drawn (seeds seed, seed + 1, ...); a candidate's score is its mean pseudo AVG over them
+    (the paper: 1). With a few held-out images per class one protocol's margins are often below one image."""
+    val_fraction: float = 0.2
+    """Fraction of each base class's training images held out as the pseudo test set."""
+    base_fraction: float | None = None
+    """Fraction of the base classes forming the pseudo-base session (null: every class the pseudo sessions leave)."""
+    sessions: int | None = None
+    """Pseudo-incremental sessions (null: min(real sessions, (base classes // 3) // ways))."""
+    ways: int | None = None
+    """Classes per pseudo-incremental session (null: the real protocol's)."""
+    shots: int | None = None
+    """Training images per class in pseudo-incremental sessions (null: the real protocol's)."""
+    base_epochs: int | None = None
+    """Base-session epochs of the candidate runs (null: base.epochs)."""
+    steps: list[list[int]] = field(default_factory=list)
+    """Stage 0 candidates of incremental.steps (empty: keep the configured schedule; not in the paper's list: at CPU
+    budgets a session can end before it fits its own shots)."""
+    mixup_prob: list[float] = field(default_factory=list)
+    """Stage 0 candidates of incremental.mixup_prob (empty: keep the configured value)."""
+    replay: list[str] = field(default_factory=list)
+    """Stage 0 candidates of incremental.replay (empty: keep the configured value)."""
+    copy: list[int] = field(default_factory=list)
+    """Stage 0 candidates of incremental.copy (empty: keep the configured value)."""
+    base_copy: list[list[int]] = field(default_factory=list)
+    """Stage 0 candidates of incremental.base_copy (empty: keep the configured value)."""
+    freeze_base: list[bool] = field(default_factory=lambda: [True, False])
+    """Stage 1a candidates of incremental.freeze_base."""
+    suppression: list[str] = field(default_factory=lambda: ["z", "silu_z", "mu_inc"])
+    """Stage 1b candidates of incremental.suppression."""
+    k_paths: list[int] = field(default_factory=lambda: [1, 2, 4])
+    """Stage 1c candidates of model.k_paths (each trains its own base model)."""
+    inc_init: list[str] = field(default_factory=lambda: ["random", "base"])
+    """Stage 1d candidates of incremental.inc_init (not in the paper's list: how g_inc starts in session 1)."""
+    lambda1: list[float] = field(default_factory=lambda: [50.0, 100.0, 150.0, 200.0])
+    """Stage 2 candidates of incremental.lambda1 (chosen with lambda2 = lambda3 = 0)."""
+    lambda2: list[float] = field(default_factory=lambda: [0.001, 0.01, 0.1, 1.0])
+    """Stage 2 candidates of incremental.lambda2 (chosen with lambda3 = 0)."""
+    lambda3: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.3, 0.5])
+    """Stage 2 candidates of incremental.lambda3."""
+
+    def __post_init__(self):
+        self.check_types()
+        from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS
+
+        check(0 < self.val_fraction < 1, "selection", "val_fraction", "must be in (0, 1)")
+        check(self.base_fraction is None or 0 < self.base_fraction < 1, "selection", "base_fraction",
+              "must be in (0, 1) or null")
+        for key in ("sessions", "ways", "shots", "base_epochs"):
+            check(getattr(self, key) is None or getattr(self, key) >= 1, "selection", key, "must be >= 1 or null")
+        for values in self.steps:
+            check(len(values) >= 1 and min(values) >= 1, "selection", "steps", "must list step schedules of >= 1")
+        check(all(0 <= p <= 1 for p in self.mixup_prob), "selection", "mixup_prob", "must be in [0, 1]")
+        check(self.protocols >= 1, "selection", "protocols", "must be >= 1")
+        check(set(self.replay) <= {"mean", "shots"}, "selection", "replay", "must be a list of mean or shots")
+        check(all(c >= 0 for c in self.copy), "selection", "copy", "must be >= 0")
+        for values in self.base_copy:
+            check(len(values) >= 1 and min(values) >= 0, "selection", "base_copy", "must list copy schedules of >= 0")
+        for key in ("freeze_base", "suppression", "k_paths", "inc_init", "lambda1", "lambda2", "lambda3"):
+            values = getattr(self, key)
+            check(len(values) >= 1, "selection", key, "must list at least one candidate")
+            check(len(set(values)) == len(values), "selection", key, "lists a candidate twice")
+        check(set(self.suppression) <= set(SUPPRESSION_TARGETS), "selection", "suppression",
+              f"must be a list of {sorted(SUPPRESSION_TARGETS)}")
+        check(set(self.k_paths) <= {1, 2, 4}, "selection", "k_paths", "must be a list of 1, 2 or 4")
+        check(set(self.inc_init) <= {"random", "base"}, "selection", "inc_init", "must be a list of random or base")
+        for key in ("lambda1", "lambda2", "lambda3"):
+            check(min(getattr(self, key)) >= 0, "selection", key, "must be >= 0")
