@@ -263,13 +263,13 @@ def model_benchmark(
                                repeats, device, timed=False)))
 
 
+_STATE = {"debug": False}  # set by the --debug option before any command runs
+
+
 @app.callback()
 def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback of an unexpected error.")]
              = False) -> None:
     _STATE["debug"] = debug
-
-
-_STATE = {"debug": False}
 
 
 def main(argv: list[str] | None = None) -> None:

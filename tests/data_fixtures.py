@@ -151,7 +151,9 @@ def assert_prepare_fails(data_params: dict, out: Path, message: str) -> None:
     import tempfile
 
     params = Path(tempfile.mkdtemp()) / "params.yaml"
-    params.write_text(yaml.safe_dump({"preset": "synthetic", "data": {"image_size": None, **data_params}}))
+    # a base batch the tiny data can fill: prepare checks the whole config against the protocol before the images
+    params.write_text(yaml.safe_dump({"preset": "synthetic", "base": {"batch_size": 2},
+                                      "data": {"image_size": None, **data_params}}))
     result = cli("stage", "prepare", "--params", str(params), "--data-dir", str(out.parent))
     errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
     assert result.exit_code == 2 and len(errors) == 1 and re.search(message, errors[0]), result.output

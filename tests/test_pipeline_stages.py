@@ -152,7 +152,7 @@ def test_session_training_set_is_eq_batch_split(tiny_run, replay):
     memory = ClassMeanMemory.empty(store.map_shape)
     for session in (1, 2):
         memory = memory.added(*store.fewshot(session)[:2])
-    x, y, is_base = session_training_set(store, 3, memory, base_maps, base_classes, inc)
+    x, y, is_base = session_training_set(store, 3, store.fewshot(3), memory, base_maps, base_classes, inc)
 
     shots, labels, views = store.fewshot(3)
     if replay == "shots":

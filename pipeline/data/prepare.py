@@ -19,6 +19,7 @@ from pipeline.data.cub200 import read_cub200
 from pipeline.data.mini_imagenet import read_mini_imagenet
 from pipeline.data.omniglot import read_omniglot
 from pipeline.data.pack import PackContent, write_pack
+from pipeline.data.protocol import FSCILProtocol
 from pipeline.data.source import SourceDataset
 from pipeline.data.synthetic import SyntheticSpec, synthetic_pack_content
 
@@ -85,12 +86,18 @@ BUILDERS: dict[str, Callable[[DataConfig], PackContent]] = {
 }
 
 
-def build_pack(cfg: DataConfig, out: Path) -> dict[str, Any]:
-    """Write the image pack for `cfg` to `out` (atomically) and return a summary of what it holds."""
+def build_pack(cfg: DataConfig, out: Path, check: Callable[[FSCILProtocol], None] | None = None) -> dict[str, Any]:
+    """Write the image pack for `cfg` to `out` (atomically) and return a summary of what it holds.
+
+    `check` sees the protocol once it is drawn, before any image is written: what it raises stops the build
+    with nothing at `out`.
+    """
     start = time.perf_counter()
     content = BUILDERS[cfg.dataset](cfg)
-    content_hash = write_pack(Path(out), content)
     protocol = content.protocol
+    if check is not None:
+        check(protocol)
+    content_hash = write_pack(Path(out), content)
     return {
         "path": str(out),
         "dataset": content.dataset,

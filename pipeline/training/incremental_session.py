@@ -66,15 +66,16 @@ def _check_session(session: int, num_sessions: int, prev_dir: Path | None) -> No
                          f"run `fscil stage incremental --session {session - 1}` first")
 
 
-def session_training_set(store: FeatureStore, session: int, memory: ClassMeanMemory, base_maps: np.ndarray,
-                         base_classes: np.ndarray, inc) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def session_training_set(store: FeatureStore, session: int, fewshot: tuple, memory: ClassMeanMemory,
+                         base_maps: np.ndarray, base_classes: np.ndarray, inc) -> tuple[np.ndarray, ...]:
     """Session `session`'s training set (eq. batch_split): maps (N, C, H, W), labels (N,), is_base (N,) bool.
 
-    The session's shots (+ their stored augmented views); each earlier novel class replayed `copy` times, by its
-    class-mean map (replay=mean, the paper's memory) or by its own stored shots (replay=shots); each base-class
-    mean map repeated `base_copy` times, the base group of the class-sensitive losses.
+    fewshot: the session's (shots, labels, augmented views or None), as `store.fewshot(session)` gives them. Each
+    earlier novel class is replayed `copy` times, by its class-mean map (replay=mean, the paper's memory) or by its
+    own stored shots (replay=shots, read from `store`); each base-class mean map is repeated `base_copy` times, the
+    base group of the class-sensitive losses.
     """
-    shots, shot_labels, views = store.fewshot(session)
+    shots, shot_labels, views = fewshot
     parts = [(shots, shot_labels, False)] + [(v, shot_labels, False) for v in (views if views is not None else [])]
     if inc.copy and len(memory.classes):
         if inc.replay == "shots":
@@ -148,8 +149,9 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     classifier.to(device)
 
     inc = cfg.incremental
-    shots, shot_labels, _ = store.fewshot(session)
-    x_np, y_np, base_np = session_training_set(store, session, memory, base_maps, base_classes, inc)
+    fewshot = store.fewshot(session)
+    shots, shot_labels, _ = fewshot
+    x_np, y_np, base_np = session_training_set(store, session, fewshot, memory, base_maps, base_classes, inc)
     x_all, y_all, base_all = (torch.from_numpy(a).to(device) for a in (x_np, y_np, base_np))
     num_seen = int(shot_labels.max()) + 1
 
