@@ -21,8 +21,10 @@ repro: $(BIN)/fscil
 	PATH="$(CURDIR)/$(BIN):$$PATH" DVC_NO_ANALYTICS=1 $(BIN)/dvc repro
 	@echo "metrics: metrics.json (per-session table: data/report/sessions.csv)"
 
-$(BIN)/fscil:
+# a changed dependency list (pyproject.toml, constraints.txt) installs again
+$(BIN)/fscil: pyproject.toml constraints.txt
 	$(MAKE) install
+	touch $@
 
 test: $(BIN)/fscil
 	$(BIN)/ruff check .

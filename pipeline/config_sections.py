@@ -131,7 +131,8 @@ class ModelConfig(SectionConfig):
     pretrained_sha256: str | None = None
     """Expected sha256 of the pretrained file (checked when given)."""
     projector: str = "dual_ssm"
-    """Projector kind: dual_ssm (the paper), single_ssm (ablation row 2), mlp (baseline row 1)."""
+    """Projector kind: dual_ssm (the paper), single_ssm (ablation row 2), mlp (baseline row 1), or the dual
+    structure with another token mixer: s4, transformer, gru, lstm (paper table diff_archs)."""
     dim: int = 640
     """Projector width D'."""
     d_state: int = 256
@@ -167,6 +168,10 @@ class ModelConfig(SectionConfig):
             check(getattr(self, key) >= 1, "model", key, "must be >= 1")
         check(self.k_paths in (1, 2, 4), "model", "k_paths", "must be 1, 2 or 4")
         check(self.mlp_layers in (2, 3), "model", "mlp_layers", "must be 2 or 3")
+        from pipeline.models.mixers import ATTENTION_HEADS
+
+        check(self.projector != "transformer" or (self.expand * self.dim) % ATTENTION_HEADS == 0, "model", "dim",
+              f"times model.expand must be divisible by the transformer's {ATTENTION_HEADS} heads")
 
 
 @dataclass
@@ -322,8 +327,15 @@ class SelectionConfig(SectionConfig):
     """Classes per pseudo-incremental session (null: the real protocol's)."""
     shots: int | None = None
     """Training images per class in pseudo-incremental sessions (null: the real protocol's)."""
-    base_epochs: int | None = None
-    """Base-session epochs of the candidate runs (null: base.epochs)."""
+    base_epochs: list[int] = field(default_factory=list)
+    """Base stage (ours, first: everything later runs on its base model) candidates of base.epochs (empty: keep
+    base.epochs; one value: every candidate's base trains that long, and it is written as chosen)."""
+    base_lr: list[float] = field(default_factory=list)
+    """Base stage candidates of base.lr (empty: keep the configured value). Each trains its own pseudo base model."""
+    base_dr_scale: list[float] = field(default_factory=list)
+    """Base stage candidates of base.dr_scale (empty: keep the configured value)."""
+    base_weight_decay: list[float] = field(default_factory=list)
+    """Base stage candidates of base.weight_decay (empty: keep the configured value)."""
     steps: list[list[int]] = field(default_factory=list)
     """Stage 0 candidates of incremental.steps (empty: keep the configured schedule; not in the paper's list: at CPU
     budgets a session can end before it fits its own shots)."""
@@ -357,8 +369,12 @@ class SelectionConfig(SectionConfig):
         check(0 < self.val_fraction < 1, "selection", "val_fraction", "must be in (0, 1)")
         check(self.base_fraction is None or 0 < self.base_fraction < 1, "selection", "base_fraction",
               "must be in (0, 1) or null")
-        for key in ("sessions", "ways", "shots", "base_epochs"):
+        for key in ("sessions", "ways", "shots"):
             check(getattr(self, key) is None or getattr(self, key) >= 1, "selection", key, "must be >= 1 or null")
+        check(all(e >= 1 for e in self.base_epochs), "selection", "base_epochs", "must list epochs >= 1")
+        for key in ("base_lr", "base_dr_scale"):
+            check(all(v > 0 for v in getattr(self, key)), "selection", key, "must list values > 0")
+        check(all(v >= 0 for v in self.base_weight_decay), "selection", "base_weight_decay", "must list values >= 0")
         for values in self.steps:
             check(len(values) >= 1 and min(values) >= 1, "selection", "steps", "must list step schedules of >= 1")
         check(all(0 <= p <= 1 for p in self.mixup_prob), "selection", "mixup_prob", "must be in [0, 1]")

@@ -1,4 +1,5 @@
-"""Per-session results: accuracy on all seen / base / novel classes, AVG, PD (first minus last) and final accuracy."""
+"""Per-session results: accuracy on all seen / base / novel classes, AVG, PD (first minus last) and final accuracy,
+the prototype baselines and the class-sensitive diagnostics (pipeline/training/diagnostics.py) beside them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from pipeline.atomic import atomic_output, atomic_write_text
 
 ACCURACIES = ("acc", "base_acc", "novel_acc")
 PROTOTYPE_SPACES = ("backbone", "projector")  # the NCM baselines of pipeline/training/prototype.py
+ARRAYS_FILE = "diagnostics.npz"  # per-sample arrays each incremental session writes (pipeline/training/diagnostics.py)
+# the session diagnostics (sessions >= 1), as sessions.csv columns diag_<name>
+DIAGNOSTICS = ("alignment", "base_novel_similarity", "z_energy_base", "z_energy_novel", "B_cosine", "C_cosine",
+               "delta_cosine")
 
 
 def prototype_columns(space: str) -> dict[str, str]:
@@ -30,11 +35,13 @@ def session_table(results: list[dict]) -> pd.DataFrame:
     come from session 1's `prototype_session0` (the base stage has no feature store)."""
     session0 = next((r.get("prototype_session0") for r in results if r["session"] == 1), None)
     rows = [{"session": r["session"], "acc": r["acc"], "base_acc": r["base_acc"], "novel_acc": r["novel_acc"],
-             "num_seen_classes": r["num_seen_classes"], "num_test": r["num_test"], **_prototype_row(r, session0)}
+             "num_seen_classes": r["num_seen_classes"], "num_test": r["num_test"], **_prototype_row(r, session0),
+             **{f"diag_{name}": r.get("diagnostics", {}).get(name) for name in DIAGNOSTICS}}
             for r in results]
     table = pd.DataFrame(rows).sort_values("session").reset_index(drop=True)
-    proto = [column for space in PROTOTYPE_SPACES for column in prototype_columns(space).values()]
-    table[proto] = table[proto].astype(float)
+    floats = [column for space in PROTOTYPE_SPACES for column in prototype_columns(space).values()]
+    floats += [f"diag_{name}" for name in DIAGNOSTICS]
+    table[floats] = table[floats].astype(float)
     expected = list(range(len(table)))
     if table["session"].tolist() != expected:
         raise ValueError(f"sessions {table['session'].tolist()} are not 0..{len(table) - 1}")
@@ -66,34 +73,13 @@ def summarise_prototypes(table: pd.DataFrame) -> dict:
     return summaries
 
 
-def plot_accuracy(table: pd.DataFrame, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for column, label in (("acc", "all seen classes"), ("base_acc", "base classes"), ("novel_acc", "novel classes")):
-        ax.plot(table["session"], table[column], marker="o", label=label)
-    proto = prototype_columns("backbone")["acc"]
-    if table[proto].notna().any():
-        ax.plot(table["session"], table[proto], linestyle="--", marker="x", color="gray",
-                label="prototype (backbone NCM)")
-    ax.set_xlabel("session")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(title)
-    ax.set_xticks(table["session"])
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
-
-
-def write_report(results: list[dict], metrics_path: Path, out_dir: Path, title: str = "Mamba-FSCIL") -> dict:
+def write_report(results: list[dict], metrics_path: Path, out_dir: Path, title: str = "Mamba-FSCIL",
+                 arrays: dict | None = None) -> dict:
     """Write metrics.json (with the prototype baselines' summaries under "prototype" when every session has them),
-    out_dir/sessions.csv and out_dir/accuracy.png; returns the summary."""
+    out_dir/sessions.csv and the pictures: accuracy.png, diagnostics.png when the sessions have diagnostics, and
+    from `arrays` (the last session's diagnostics.npz) z_histogram.png and tsne.png; returns the summary."""
+    from pipeline.plots import plot_accuracy, plot_diagnostics, plot_tsne, plot_z_histogram
+
     table = session_table(results)
     summary = summarise(table)
     prototype = summarise_prototypes(table)
@@ -102,6 +88,12 @@ def write_report(results: list[dict], metrics_path: Path, out_dir: Path, title: 
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_output(out_dir / "sessions.csv") as tmp:
         table.to_csv(tmp, index=False)
-    plot_accuracy(table, out_dir / "accuracy.png", title)
+    plot_accuracy(table, out_dir / "accuracy.png", title, prototype_columns("backbone")["acc"])
+    if table["diag_alignment"].notna().any():
+        plot_diagnostics(table, out_dir / "diagnostics.png", f"{title}: diagnostics on test maps")
+    if arrays is not None:
+        last = int(table["session"].iloc[-1])
+        plot_z_histogram(arrays, out_dir / "z_histogram.png", f"{title}\n||Z|| after session {last}")
+        plot_tsne(arrays, out_dir / "tsne.png", f"{title}\ntest features after session {last}")
     atomic_write_text(metrics_path, json.dumps(summary, indent=2) + "\n")
     return summary

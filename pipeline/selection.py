@@ -7,8 +7,9 @@ training code of the pipeline (train_base, extract_features, train_session). Not
 real incremental sessions is ever read. Choices follow the paper's order, each by the highest pseudo AVG with the
 earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the suppression variant, K, and our
 incremental.inc_init), with lambda1 at its configured value and lambda2 = lambda3 = 0; stage 2 lambda1
-(lambda2 = lambda3 = 0), then lambda2 (lambda3 = 0), then lambda3. Optional stage 0, not in the paper, comes first
-when candidates are given: the session schedule and training set (incremental.steps, mixup_prob, replay, copy,
+(lambda2 = lambda3 = 0), then lambda2 (lambda3 = 0), then lambda3. Optional stages, not in the paper, come first
+when candidates are given: the base training (base.epochs, lr, dr_scale, weight_decay; each candidate trains its own
+pseudo base model), then the session schedule and training set (incremental.steps, mixup_prob, replay, copy,
 base_copy). A tie keeps the configured value, else the earliest candidate. With selection.protocols > 1 a candidate
 scores its mean pseudo AVG over that many pseudo protocols (seeds selection.seed, seed + 1, ...).
 """
@@ -175,9 +176,11 @@ def run_candidate(cfg: Config, pseudo_pack_path: Path, work_dir: Path, base_cach
 def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str, Any]]]:
     """(stage, dotted key, candidates, values held while choosing it) in the paper's order."""
     no_aux = {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
+    base = [("base", f"base.{key}", getattr(sel, f"base_{key}"), no_aux)
+            for key in ("epochs", "lr", "dr_scale", "weight_decay") if getattr(sel, f"base_{key}")]
     schedule = [("schedule", f"incremental.{key}", getattr(sel, key), no_aux)
                 for key in ("steps", "mixup_prob", "replay", "copy", "base_copy") if getattr(sel, key)]
-    return schedule + [
+    return base + schedule + [
         ("architecture", "incremental.freeze_base", sel.freeze_base, no_aux),
         ("architecture", "incremental.suppression", sel.suppression, no_aux),
         ("architecture", "model.k_paths", sel.k_paths, no_aux),
@@ -272,13 +275,12 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
         f"{', '.join(str(p[1]['seed']) for p in packs)}")
     results_path = work_dir / RESULTS_FILE
     results: dict[str, dict] = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    base_cfg = with_values(cfg, {"base.epochs": sel.base_epochs or cfg.base.epochs})
     chosen: dict[str, Any] = {}
     rows: list[dict] = []
     for stage, key, values, held in selection_order(sel):
         scores = []
         for value in values:
-            cand = with_values(base_cfg, {**held, **chosen, key: value})
+            cand = with_values(cfg, {**held, **chosen, key: value})
             runs = [_run_cached(dataclasses.replace(cand, seed=info["seed"]), (path, info), work_dir, results,
                                 results_path) for path, info in packs]
             diverged = [r["diverged"] for r in runs if "diverged" in r]

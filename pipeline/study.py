@@ -119,12 +119,13 @@ def table_markdown(table: pd.DataFrame) -> str:
 
 def plot_study(sessions: pd.DataFrame, variants: list[str], path: Path, title: str) -> None:
     """Mean accuracy per session of each variant (band: +- std over seeds) and the prototype baseline (dashed)."""
-    import matplotlib
+    from pipeline.plots import figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    with figure(path, size=(7, 4.5)) as (_, axes):
+        _plot_study(axes[0, 0], sessions, variants, title)
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+
+def _plot_study(ax, sessions: pd.DataFrame, variants: list[str], title: str) -> None:
     for variant in variants:
         runs = sessions[sessions["variant"] == variant]
         if runs.empty:
@@ -140,10 +141,6 @@ def plot_study(sessions: pd.DataFrame, variants: list[str], path: Path, title: s
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    with atomic_output(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
 
 
 def write_study(sessions: pd.DataFrame, out_dir: Path, variants: list[str],

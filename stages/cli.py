@@ -215,7 +215,8 @@ def model_summary(
     preset: Annotated[str, typer.Option(help="Preset whose model section gives the defaults.")] = "cifar100",
     backbone: Annotated[str | None, typer.Option(help="resnet12, resnet18, vit_b16, swin_t.")] = None,
     widths: Annotated[str | None, typer.Option(help="ResNet-12 widths, comma separated.")] = None,
-    projector: Annotated[str | None, typer.Option(help="dual_ssm, single_ssm or mlp.")] = None,
+    projector: Annotated[str | None, typer.Option(
+        help="dual_ssm, single_ssm, mlp, s4, transformer, gru, lstm; comma separated or 'all': side by side.")] = None,
     dim: Annotated[int | None, typer.Option(help="Projector width D'.")] = None,
     d_state: Annotated[int | None, typer.Option(help="SSM state size.")] = None,
     dt_rank: Annotated[int | None, typer.Option(help="Low-rank width of f_Delta.")] = None,
@@ -226,20 +227,30 @@ def model_summary(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Parameter count of each component (backbone, p_iden, g_base, g_inc, classifier) for the given dims."""
+    from pipeline.models.projector import PROJECTOR_KINDS
     from pipeline.models.summary import summarise_model
 
-    overrides = {"backbone": backbone, "projector": projector, "dim": dim, "d_state": d_state, "dt_rank": dt_rank,
+    kinds = list(PROJECTOR_KINDS) if projector == "all" else (projector.split(",") if projector else [None])
+    overrides = {"backbone": backbone, "dim": dim, "d_state": d_state, "dt_rank": dt_rank,
                  "k_paths": k_paths, "classifier": classifier,
                  "backbone_widths": [int(w) for w in widths.split(",")] if widths else None}
-    summary = _run("model summary", summarise_model, preset, overrides, num_classes, input_size, timed=False)
+    summaries = [_run("model summary", summarise_model, preset, {**overrides, "projector": kind}, num_classes,
+                      input_size, timed=False) for kind in kinds]
     if as_json:
-        typer.echo(json.dumps(summary, indent=2))
+        typer.echo(json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2))
         return
-    typer.echo(f"feature map {summary['feature_map']}  input {summary['input_size']}  classes {summary['num_classes']}")
-    typer.echo(f"{'component':<12}{'parameters':>14}{'trainable in':>26}")
-    for name, row in summary["components"].items():
-        typer.echo(f"{name:<12}{row['parameters']:>14,}{row['trains_in']:>26}")
-    typer.echo(f"{'total':<12}{summary['total_parameters']:>14,}")
+    first = summaries[0]
+    typer.echo(f"feature map {first['feature_map']}  input {first['input_size']}  classes {first['num_classes']}")
+    if len(summaries) == 1:
+        typer.echo(f"{'component':<12}{'parameters':>14}{'trainable in':>26}")
+        for name, row in first["components"].items():
+            typer.echo(f"{name:<12}{row['parameters']:>14,}{row['trains_in']:>26}")
+        typer.echo(f"{'total':<12}{first['total_parameters']:>14,}")
+        return
+    typer.echo(f"{'component':<12}" + "".join(f"{s['model']['projector']:>13}" for s in summaries))
+    for name in first["components"]:
+        typer.echo(f"{name:<12}" + "".join(f"{s['components'][name]['parameters']:>13,}" for s in summaries))
+    typer.echo(f"{'total':<12}" + "".join(f"{s['total_parameters']:>13,}" for s in summaries))
 
 
 @model_app.command("benchmark")
@@ -251,7 +262,7 @@ def model_benchmark(
     dim: Annotated[int | None, typer.Option(help="Projector width D'.")] = None,
     d_state: Annotated[int | None, typer.Option(help="SSM state size.")] = None,
     dt_rank: Annotated[int | None, typer.Option(help="Low-rank width of f_Delta.")] = None,
-    projector: Annotated[str | None, typer.Option(help="dual_ssm, single_ssm or mlp.")] = None,
+    projector: Annotated[str | None, typer.Option(help="A model.projector kind (its branch is timed).")] = None,
     repeats: Annotated[int, typer.Option(help="Timed repeats (the median is reported).")] = 5,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
 ) -> None:

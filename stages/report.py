@@ -1,12 +1,14 @@
-"""`fscil stage report`: per-session table, metrics.json (DVC metrics) and the accuracy plot."""
+"""`fscil stage report`: per-session table, metrics.json (DVC metrics) and the pictures."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
+
 from pipeline.errors import FSCILError
-from pipeline.report import write_report
+from pipeline.report import ARRAYS_FILE, write_report
 from stages.paths import StagePaths
 
 
@@ -24,4 +26,6 @@ def run(paths: StagePaths, metrics_path: Path) -> dict:
     base = _read(paths.base / "metrics.json")
     results = [base] + [_read(paths.session(s) / "metrics.json") for s in range(1, int(base["num_sessions"]))]
     title = f"Mamba-FSCIL: {base.get('projector', '?')} projector, {base.get('preset', '?')} preset"
-    return write_report(results, metrics_path, paths.report, title)
+    last = paths.session(int(base["num_sessions"]) - 1) / ARRAYS_FILE
+    arrays = dict(np.load(last)) if last.is_file() else None
+    return write_report(results, metrics_path, paths.report, title, arrays)

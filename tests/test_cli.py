@@ -43,6 +43,25 @@ def test_model_summary_variants_table():
     assert cli("model", "summary", "--k-paths", "3").exit_code == 2
 
 
+def test_model_summary_projector_family_side_by_side():
+    from pipeline.models.projector import PROJECTOR_KINDS
+
+    result = cli("model", "summary", "--preset", "synthetic", "--projector", "all")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    header = next(line for line in lines if line.startswith("component")).split()[1:]
+    assert header == list(PROJECTOR_KINDS)
+    rows = {line.split()[0]: [int(v.replace(",", "")) for v in line.split()[1:]] for line in lines
+            if line.split()[0] in ("backbone", "g_base", "g_inc", "total")}
+    assert len(set(rows["backbone"])) == 1  # one backbone, the projectors differ
+    by_kind = dict(zip(header, rows["g_inc"], strict=True))
+    assert by_kind["single_ssm"] == 0 and all(v > 0 for k, v in by_kind.items() if k != "single_ssm")
+    assert rows["g_base"][header.index("dual_ssm")] == by_kind["dual_ssm"]
+    one = cli("model", "summary", "--preset", "synthetic", "--projector", "gru", "--json")
+    assert json.loads(one.output)["components"]["g_inc"]["parameters"] == by_kind["gru"]
+    assert cli("model", "summary", "--projector", "dual_ssm,rnn").exit_code == 2
+
+
 @pytest.mark.parametrize("args", [[], ["stage"], ["stage", "incremental"], ["stage", "prepare"], ["model", "summary"],
                                   ["model", "benchmark"], ["config", "show"]])
 def test_help_everywhere(args):

@@ -146,7 +146,7 @@ def test_selection_follows_the_paper_order(real_pack, tmp_path, monkeypatch):
     }
     calls: list = []
     monkeypatch.setattr(selection, "run_candidate", _fake_candidate(scores, calls))
-    sets = SelectionConfig(seed=3, base_epochs=2, k_paths=[1, 2, 4], inc_init=["random"],
+    sets = SelectionConfig(seed=3, base_epochs=[2], k_paths=[1, 2, 4], inc_init=["random"],
                            lambda1=[1.0, 10.0, 30.0])
     result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
 
@@ -158,19 +158,20 @@ def test_selection_follows_the_paper_order(real_pack, tmp_path, monkeypatch):
     expected += [(False, "z", 2, 10.0, 0.001, v) for v in (0.05, 0.1, 0.3, 0.5)]  # lambda3
     assert [values for values, _, _ in calls] == expected
     assert {(seed, epochs) for _, seed, epochs in calls} == {(3, 2)}
-    chosen = {"incremental.freeze_base": False, "incremental.suppression": "z", "model.k_paths": 2,
-              "incremental.inc_init": "random", "incremental.lambda1": 10.0, "incremental.lambda2": 0.001,
-              "incremental.lambda3": 0.3}
+    chosen = {"base.epochs": 2, "incremental.freeze_base": False, "incremental.suppression": "z",
+              "model.k_paths": 2, "incremental.inc_init": "random", "incremental.lambda1": 10.0,
+              "incremental.lambda2": 0.001, "incremental.lambda3": 0.3}
     assert result["chosen"] == chosen
 
     out = tmp_path / "out"
     table = (out / "selection.csv").read_text().splitlines()
-    assert len(table) == 1 + 2 + 3 + 3 + 1 + 3 + 4 + 4
-    assert sum(line.endswith(",True") for line in table) == 7
+    assert len(table) == 1 + 1 + 2 + 3 + 3 + 1 + 3 + 4 + 4
+    assert sum(line.endswith(",True") for line in table) == 8
     text = (out / "selected.yaml").read_text()
     assert text.startswith("# fscil select") and "seed 3" in text
     fragment = yaml.safe_load(text)
-    assert fragment == {"incremental": {"freeze_base": False, "suppression": "z", "inc_init": "random",
+    assert fragment == {"base": {"epochs": 2},
+                        "incremental": {"freeze_base": False, "suppression": "z", "inc_init": "random",
                                         "lambda1": 10.0, "lambda2": 0.001, "lambda3": 0.3}, "model": {"k_paths": 2}}
     merged = load_config(write_params(tmp_path / "merged.yaml", **fragment))
     assert (merged.model.k_paths, merged.incremental.freeze_base, merged.incremental.lambda3) == (2, False, 0.3)
@@ -240,6 +241,29 @@ def test_schedule_stage_comes_first_and_only_when_asked():
         ("schedule", "incremental.steps"), ("schedule", "incremental.mixup_prob"),
         ("architecture", "incremental.freeze_base")]
     assert order[0][2] == [[100], [200]] and order[0][3] == {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
+    # the base stage (ours) precedes everything: each later candidate runs on the chosen base model
+    sets = SelectionConfig(base_epochs=[20, 40], base_dr_scale=[1.0, 10.0], steps=[[100], [200]])
+    assert [(stage, key) for stage, key, _, _ in selection.selection_order(sets)[:4]] == [
+        ("base", "base.epochs"), ("base", "base.dr_scale"), ("schedule", "incremental.steps"),
+        ("architecture", "incremental.freeze_base")]
+
+
+def test_base_stage_candidates_each_train_their_own_base_model(real_pack, tmp_path):
+    """A real tiny base stage: each base.lr candidate is its own pseudo base model (own cache entry, own
+    weights); the later stages run on the chosen one without training another."""
+    params, paths = real_pack
+    sets = SelectionConfig(**{**TINY_SELECTION, "freeze_base": [True], "base_lr": [0.01, 0.2]})
+    result = selection.select(load_config(params), paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    bases = sorted((tmp_path / "work" / "bases").iterdir())
+    assert len(bases) == 2  # one per base.lr candidate, none more for the later stages
+    weights = [load_checkpoint(b / "base" / MODEL_FILE)[0] for b in bases]
+    assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    rows = [r for r in result["rows"] if r["key"] == "base.lr"]
+    assert [r["value"] for r in rows] == [0.01, 0.2]
+    best = max(rows, key=lambda r: r["avg"])["value"]
+    assert result["chosen"]["base.lr"] == best
+    later = [r for r in result["rows"] if r["key"] != "base.lr"]
+    assert later and all(r["avg"] == max(row["avg"] for row in rows) for r in later)  # the chosen base, cached
 
 
 def test_a_diverging_candidate_loses_and_the_selection_goes_on(real_pack, tmp_path, monkeypatch):

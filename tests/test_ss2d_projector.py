@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.config_sections import ModelConfig
+from pipeline.models.mixers import MLPBranch, ssm_mixer_parameters
 from pipeline.models.projector import PROJECTOR_KINDS, Projector
-from pipeline.models.ss2d import BranchDims, MLPBranch, SS2DBranch, mamba_dt_bias, ssm_mixer_parameters
+from pipeline.models.ss2d import BranchDims, SS2DBranch, mamba_dt_bias
 from pipeline.ops.cross_scan import cross_merge, cross_scan
 from pipeline.ops.selective_scan import selective_scan
 

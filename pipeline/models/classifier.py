@@ -43,6 +43,10 @@ class ETFClassifier(nn.Module):
         w = self.weight if num_seen is None else self.weight[:, :num_seen]
         return F.normalize(mu, dim=-1) @ w
 
+    def prototypes(self, num_seen: int) -> torch.Tensor:
+        """(num_seen, D'): row k is class k's target direction."""
+        return self.weight[:, :num_seen].T
+
 
 class LinearClassifier(nn.Module):
     """A learnable linear head trained with cross-entropy; logits restricted to the seen classes."""
@@ -54,6 +58,10 @@ class LinearClassifier(nn.Module):
     def forward(self, mu: torch.Tensor, num_seen: int | None = None) -> torch.Tensor:
         logits = self.fc(mu)
         return logits if num_seen is None else logits[:, :num_seen]
+
+    def prototypes(self, num_seen: int) -> torch.Tensor:
+        """(num_seen, D'): row k is class k's weight vector."""
+        return self.fc.weight[:num_seen]
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 kinds (params.yaml `model.projector`):
 - `dual_ssm`   the paper: frozen p_iden + g_base after the base session, g_inc trains in incremental sessions;
 - `single_ssm` ablation row 2: p_iden + g_base only, g_base keeps training in incremental sessions;
-- `mlp`        ablation row 1 / NC-FSCIL-like: the dual structure with a 3-layer MLP in place of the scan.
+- `mlp`        ablation row 1 / NC-FSCIL-like: the dual structure with a 3-layer MLP in place of the scan;
+- `s4`, `transformer`, `gru`, `lstm`: the dual structure with that token mixer in place of the selective scan
+  (paper table diff_archs; pipeline/models/mixers.py).
 """
 
 from __future__ import annotations
@@ -13,20 +15,31 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pipeline.models.ss2d import BranchBase, BranchDims, MLPBranch, SS2DBranch
+from pipeline.models.mixers import MIXERS
+from pipeline.models.ss2d import BranchBase, BranchDims
 
 
 @dataclass(frozen=True)
 class ProjectorKind:
-    branch: type[BranchBase]
+    mixer: str  # a key of MIXERS
     dual: bool  # has a separate g_inc; otherwise g_base adapts in incremental sessions
+
+    @property
+    def branch(self) -> type[BranchBase]:
+        return MIXERS[self.mixer]
 
 
 PROJECTOR_KINDS: dict[str, ProjectorKind] = {
-    "dual_ssm": ProjectorKind(SS2DBranch, dual=True),
-    "single_ssm": ProjectorKind(SS2DBranch, dual=False),
-    "mlp": ProjectorKind(MLPBranch, dual=True),
+    "dual_ssm": ProjectorKind("selective_ssm", dual=True),
+    "single_ssm": ProjectorKind("selective_ssm", dual=False),
+    **{name: ProjectorKind(name, dual=True) for name in ("mlp", "s4", "transformer", "gru", "lstm")},
 }
+
+
+def suppression_target(kind: str, configured: str) -> str:
+    """What the suppression loss acts on: the configured target (z | silu_z | mu_inc) for gating designs (selective
+    SSM, S4), g_inc's output (mu_inc) for the others (appendix "Implementation Details for Different Projections")."""
+    return configured if PROJECTOR_KINDS[kind].branch.gated else "mu_inc"
 
 
 @dataclass

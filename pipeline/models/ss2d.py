@@ -53,8 +53,12 @@ class BranchBase(nn.Module):
     """Shared front and back of a projector branch: p_mlp + positional embedding + in_proj -> (x, z), gating, pooling.
 
     Subclasses implement `mix(x, hw)`: the token mixer between the x stream and the gate (the selective scan for
-    SS2D, a 3-layer MLP for the baseline). f: (N, C, H, W) -> mu: (N, D').
+    SS2D; the others in pipeline/models/mixers.py). f: (N, C, H, W) -> mu: (N, D'). `gated`: whether the suppression
+    loss acts on Z (gating designs) or on the branch output (appendix "Implementation Details for Different
+    Projections").
     """
+
+    gated: bool = False
 
     def __init__(self, in_channels: int, feature_hw: tuple[int, int], dims: BranchDims, zero_init_gate: bool = False):
         super().__init__()
@@ -101,6 +105,8 @@ class BranchBase(nn.Module):
 class SS2DBranch(BranchBase):
     """g_ssm with K-path 2D selective scan. Optional aux: Z (N, L, D'), B, C (N, K, L, d_state), Delta (N, K, L, D')."""
 
+    gated = True
+
     def __init__(self, in_channels: int, feature_hw: tuple[int, int], dims: BranchDims, zero_init_gate: bool = False):
         super().__init__(in_channels, feature_hw, dims, zero_init_gate)
         k, di, n, r = dims.k_paths, dims.d_inner, dims.d_state, dims.dt_rank
@@ -133,57 +139,3 @@ class SS2DBranch(BranchBase):
             "delta": F.softplus(dts + self.dt_proj_bias[None, :, :, None]).transpose(2, 3),
         }
         return y, aux
-
-
-def ssm_mixer_parameters(dims: BranchDims) -> int:
-    """Parameters of SS2DBranch's selective-scan mixer (x_proj, dt_proj, A_log, D): what the MLP baseline matches."""
-    k, di, n, r = dims.k_paths, dims.d_inner, dims.d_state, dims.dt_rank
-    return k * (r + 2 * n) * di + k * (di * r + di) + k * di * n + k * di
-
-
-def matched_mlp_hidden(dims: BranchDims) -> int:
-    """Hidden width h of a 3-layer MLP d -> h -> h -> d (with biases) whose parameter count is closest to the
-    selective-scan mixer's (paper: the ablation compares "with comparable parameter budgets")."""
-    d, target = dims.d_inner, ssm_mixer_parameters(dims)
-
-    def count(h: int) -> int:
-        return d * h + h + h * h + h + h * d + d
-
-    # count(h) = h^2 + (2d + 2) h + d: solve for the positive root, then take the nearer integer
-    b = 2 * d + 2
-    root = (-b + math.sqrt(b * b + 4 * (target - d))) / 2
-    return min((max(1, math.floor(root)), max(1, math.ceil(root))), key=lambda h: abs(count(h) - target))
-
-
-class MLPBranch(BranchBase):
-    """Baseline branch (paper table "ablation", row 1): a token-wise 3-layer MLP in place of the selective scan.
-
-    y = MLP(x) with LeakyReLU(0.1) between layers and a hidden width chosen so the MLP has as many parameters as
-    the SS2D mixer it replaces (`matched_mlp_hidden`). The rest of the branch (p_mlp, positional embedding,
-    in_proj, conv, the SiLU(Z) gate, pooling) is shared, so the suppression loss applies to Z; it generates no
-    B / C / Delta.
-
-    Initial scale: with g_inc's gate at zero, the only gradient at the start of session 1 is the one on p_z, and it
-    is proportional to the mixer's output y. The SS2D mixer starts as y = K * x (D = 1 on each of the K paths,
-    the scan term ~1e-3 of it), while PyTorch's default init gives a 3-layer MLP y ~ 0.6 x: seven times less
-    gradient, and the baseline's g_inc stayed shut for the first sessions (0 % novel accuracy on Omniglot). So the
-    hidden layers are variance-preserving (Kaiming, LeakyReLU gain) and the output layer has a gain of K: the
-    baseline starts with the same output scale as the mixer it replaces, and differs from it only in being static.
-    """
-
-    def __init__(self, in_channels: int, feature_hw: tuple[int, int], dims: BranchDims, zero_init_gate: bool = False):
-        super().__init__(in_channels, feature_hw, dims, zero_init_gate)
-        di, hidden = dims.d_inner, matched_mlp_hidden(dims)
-        self.mlp = nn.Sequential(nn.Linear(di, hidden), nn.LeakyReLU(0.1), nn.Linear(hidden, hidden),
-                                 nn.LeakyReLU(0.1), nn.Linear(hidden, di))
-        with torch.no_grad():
-            for layer in self.mlp[:-1:2]:
-                nn.init.kaiming_normal_(layer.weight, a=0.1, nonlinearity="leaky_relu")
-                layer.bias.zero_()
-            last = self.mlp[-1]
-            nn.init.normal_(last.weight, std=dims.k_paths / math.sqrt(hidden))
-            last.bias.zero_()
-
-    def mix(self, x: torch.Tensor, hw: tuple[int, int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        tokens = x.flatten(2).transpose(1, 2)  # (N, L, D_inner)
-        return self.mlp(tokens), {}

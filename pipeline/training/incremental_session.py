@@ -26,11 +26,13 @@ from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss
 from pipeline.losses.classification import mixed_loss
 from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import build_head
+from pipeline.models.projector import suppression_target
 from pipeline.seeding import SESSION, seeded_generator
 from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMeanMemory
 from pipeline.training.base_model import MODEL_FILE, config_digest
 from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed
+from pipeline.training.diagnostics import session_diagnostics
 from pipeline.training.evaluate import evaluate_session
 from pipeline.training.prototype import base_prototype_metrics, prototype_metrics
 from pipeline.training.schedule import set_lr, warmup_cosine
@@ -101,7 +103,7 @@ def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is
     cls = mixed_loss(head.loss, classifier(mu, num_seen), y_a, y_b, lam, scale=head.loss_scale(inc.dr_scale))
     supp = sep = torch.zeros((), device=x.device)
     if inc.lambda1 or inc.lambda2:
-        target = SUPPRESSION_TARGETS[inc.suppression](out.aux, out.mu_inc)
+        target = SUPPRESSION_TARGETS[suppression_target(projector.kind, inc.suppression)](out.aux, out.mu_inc)
         if target is None:
             raise FSCILError(f"params: incremental.suppression={inc.suppression} needs a projector with g_inc")
         supp = suppression_loss(target, is_base, inc.lambda1, inc.lambda2)
@@ -189,15 +191,17 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     if cfg.incremental.freeze_base and frozen_digest(projector) != frozen_before:
         raise RuntimeError("frozen projector parts changed during an incremental session")
 
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     metrics = evaluate_session(projector, classifier, store, num_seen, num_base, device, inc.eval_batch_size)
+    diagnostics = session_diagnostics(projector, classifier, store, num_seen, num_base, device,
+                                      inc.eval_batch_size, out_dir)  # analysis only: nothing reads them to choose
     prototype = {"prototype": prototype_metrics(projector, store, memory.maps, memory.classes, shots, shot_labels,
                                                 num_seen, num_base, device, inc.eval_batch_size)}
     if session == 1:  # the base stage has no feature store: session 1 reports the base session's NCM baseline
         prototype["prototype_session0"] = base_prototype_metrics(cfg.model, tensors, store, device,
                                                                  inc.eval_batch_size)
     memory = memory.added(shots, shot_labels)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     state = prefixed(projector.adapting_branch.state_dict(), "adapting")
     if not cfg.incremental.freeze_base:
         state.update(prefixed(base_parts_state(projector), "projector"))
@@ -209,6 +213,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     })
     result = {"session": session, **metrics, "steps": steps, "train_samples": int(len(y_all)),
               "final_loss": history["loss"][-1] if steps else None, "history": history,
-              "frozen_sha256": frozen_before, **prototype, "seconds": round(time.time() - started, 2)}
+              "frozen_sha256": frozen_before, **prototype, "diagnostics": diagnostics,
+              "seconds": round(time.time() - started, 2)}
     (out_dir / METRICS_FILE).write_text(json.dumps(result, indent=2))
     return result

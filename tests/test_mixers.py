@@ -1,0 +1,124 @@
+"""The projector family (paper table diff_archs): every registered token mixer keeps the branch's invariants, S4's
+parameters do not depend on the input while SS2D's do, and the suppression loss follows the appendix's rule."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipeline.config_sections import ModelConfig
+from pipeline.errors import FSCILError
+from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS
+from pipeline.models.mixers import MIXERS, S4Branch, TransformerBranch
+from pipeline.models.projector import PROJECTOR_KINDS, suppression_target
+from pipeline.models.ss2d import BranchDims, SS2DBranch
+from pipeline.ops.cross_scan import cross_merge, cross_scan
+from tests.test_selective_scan import naive_scan
+
+C, HW = 8, (2, 3)
+L = HW[0] * HW[1]
+
+
+def _dims(**widths) -> BranchDims:
+    return BranchDims.from_config(ModelConfig(**{"dim": 16, "d_state": 4, "dt_rank": 3, "k_paths": 4, **widths}))
+
+
+def _x(branch, f):
+    """The mixer's input: p_mlp -> +pos -> in_proj (x half) -> depthwise conv -> SiLU, (N, D_inner, H, W)."""
+    n = f.shape[0]
+    tok = branch.p_mlp(f).flatten(2).transpose(1, 2) + branch.pos_embed
+    return F.silu(branch.conv(branch.in_proj(tok).chunk(2, dim=-1)[0].transpose(1, 2).reshape(n, -1, *HW)))
+
+
+def test_the_registry_names_the_papers_projectors():
+    assert set(MIXERS) == {"selective_ssm", "s4", "mlp", "transformer", "gru", "lstm"}
+    assert {name for name, kind in PROJECTOR_KINDS.items() if kind.dual} == {
+        "dual_ssm", "mlp", "s4", "transformer", "gru", "lstm"}
+    assert {name for name, cls in MIXERS.items() if cls.gated} == {"selective_ssm", "s4"}
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+@pytest.mark.parametrize("k", [1, 4])
+def test_every_mixer_shapes_finite_and_every_parameter_trains(name, k):
+    torch.manual_seed(0)
+    branch = MIXERS[name](C, HW, _dims(k_paths=k))
+    mu, aux = branch(torch.randn(5, C, *HW), return_aux=True)
+    assert mu.shape == (5, 16) and torch.isfinite(mu).all() and aux["z"].shape == (5, L, 16)
+    if name in ("selective_ssm", "s4"):
+        assert aux["B"].shape == aux["C"].shape == (5, k, L, 4) and aux["delta"].shape == (5, k, L, 16)
+    else:
+        assert set(aux) == {"z"}
+    mu.pow(2).sum().backward()
+    missing = [n for n, p in branch.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not missing
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_zero_gate_gives_zero_output_and_gradient_only_on_p_z(name):
+    torch.manual_seed(0)
+    branch = MIXERS[name](C, HW, _dims(), zero_init_gate=True)
+    mu = branch(torch.randn(5, C, *HW))
+    assert torch.equal(mu, torch.zeros_like(mu))  # mu_inc = 0 when session 1 starts, for every mixer
+    mu.sum().backward()
+    trained = {n for n, p in branch.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert trained == {"in_proj.weight"}
+    assert branch.in_proj.weight.grad[:16].abs().max() == 0  # of in_proj, only the p_z rows
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_every_mixer_starts_at_the_scans_output_scale(name, k):
+    # the first gradient of g_inc (gate at zero) is proportional to the mixer's output: all start at ~K x
+    torch.manual_seed(0)
+    branch = MIXERS[name](32, HW, _dims(dim=64, d_state=8, dt_rank=8, k_paths=k))
+    x = _x(branch, torch.randn(64, 32, *HW))
+    y, _ = branch.mix(x, HW)
+    ratio = (y.pow(2).mean() / x.pow(2).mean()).sqrt().item()
+    assert k / 2 <= ratio <= 2 * k, ratio
+
+
+def test_s4_parameters_do_not_depend_on_the_input_while_ss2d_ones_do():
+    torch.manual_seed(0)
+    f1, f2 = torch.randn(3, C, *HW), 3 * torch.randn(3, C, *HW)
+    s4, ss2d = S4Branch(C, HW, _dims()), SS2DBranch(C, HW, _dims())
+    (_, a1), (_, a2) = s4(f1, return_aux=True), s4(f2, return_aux=True)
+    for key in ("B", "C", "delta"):
+        assert torch.equal(a1[key], a2[key]), key
+        assert torch.equal(a1[key], a1[key][:1, :, :1].expand_as(a1[key])), key  # same for every sample and token
+    (_, b1), (_, b2) = ss2d(f1, return_aux=True), ss2d(f2, return_aux=True)
+    assert all(not torch.allclose(b1[key], b2[key]) for key in ("B", "C", "delta"))
+    # and no gradient from the input side reaches B, C or Delta: they are leaves
+    assert {n for n, _ in s4.named_parameters()} >= {"B", "C", "dt_bias", "A_log", "D"}
+    assert not any(n.startswith(("x_proj", "dt_proj")) for n, _ in s4.named_parameters())
+
+
+def test_s4_equals_an_lti_scan_in_float64():
+    """y = sum over paths of the float64 step-by-step oracle scan, B, C, Delta fixed over tokens and samples."""
+    torch.manual_seed(0)
+    branch = S4Branch(C, HW, _dims(k_paths=2)).double()
+    x = _x(branch, torch.randn(4, C, *HW).double())
+    y, _ = branch.mix(x, HW)
+    di, n = 16, 4
+    xs = cross_scan(x, 2)
+    ys = []
+    for k in range(2):
+        delta = F.softplus(branch.dt_bias[k])[None, :, None].expand(4, di, L)
+        bk = branch.B[k][None, :, None].expand(4, n, L)
+        ck = branch.C[k][None, :, None].expand(4, n, L)
+        ys.append(naive_scan(xs[:, k], delta, -torch.exp(branch.A_log[k * di:(k + 1) * di]), bk, ck,
+                             branch.D[k * di:(k + 1) * di]))
+    expected = cross_merge(torch.stack(ys, dim=1), *HW).transpose(1, 2)
+    torch.testing.assert_close(y, expected)
+
+
+def test_transformer_needs_heads_that_divide_the_width():
+    with pytest.raises(ValueError, match="divisible by 8"):
+        TransformerBranch(C, HW, _dims(dim=12))
+    with pytest.raises(FSCILError, match="model.dim"):
+        ModelConfig(projector="transformer", dim=12)
+
+
+def test_suppression_acts_on_z_for_gating_designs_and_on_the_output_for_the_others():
+    for kind in ("dual_ssm", "single_ssm", "s4"):
+        assert [suppression_target(kind, t) for t in SUPPRESSION_TARGETS] == list(SUPPRESSION_TARGETS)
+    for kind in ("mlp", "transformer", "gru", "lstm"):
+        assert {suppression_target(kind, t) for t in SUPPRESSION_TARGETS} == {"mu_inc"}
