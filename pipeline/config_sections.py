@@ -223,9 +223,18 @@ class ExtractConfig(SectionConfig):
     """Zarr chunk length along the sample axis."""
     dtype: str = "float32"
     """Stored map dtype: float32 or float16."""
+    memory: str = "mean"
+    """What stands for a learned class in the memory (paper's memory ablation): mean (its class-mean map, the
+    paper), random (one of its training maps) or sampled (memory_k of them). The sessions follow the store's rule."""
+    memory_k: int = 4
+    """Maps kept per class by memory=sampled."""
 
     def __post_init__(self):
         self.check_types()
+        from pipeline.store.memory import MEMORY_KINDS
+
+        check(self.memory in MEMORY_KINDS, "extract", "memory", f"must be one of {', '.join(MEMORY_KINDS)}")
+        check(self.memory_k >= 1, "extract", "memory_k", "must be >= 1")
         check(self.batch_size >= 1, "extract", "batch_size", "must be >= 1")
         check(self.augmented_views >= 0, "extract", "augmented_views", "must be >= 0")
         check(self.chunk_samples >= 1, "extract", "chunk_samples", "must be >= 1")

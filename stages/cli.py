@@ -274,6 +274,59 @@ def model_benchmark(
                                repeats, device, timed=False)))
 
 
+@model_app.command("cost")
+def model_cost(
+    preset: Annotated[str, typer.Option(help="Preset whose model section gives the widths.")] = "synthetic",
+    projectors: Annotated[str, typer.Option(help="model.projector kinds, comma separated.")] =
+        "dual_ssm,expanding_mlp,mlp,s4,transformer,gru,lstm",
+    sessions: Annotated[int, typer.Option(help="Sessions of the curve against sessions.")] = 8,
+    sides: Annotated[str, typer.Option(help="Map sides H = W of the curve against tokens L.")] = "1,2,4,7,14",
+    channels: Annotated[int | None, typer.Option(help="Map channels C (default: the preset backbone's).")] = None,
+    side: Annotated[int | None, typer.Option(help="Map side of the sessions curve (default: the preset's).")] = None,
+    batch: Annotated[int, typer.Option(help="Batch size.")] = 64,
+    repeats: Annotated[int, typer.Option(help="Timed repeats (the median is reported).")] = 5,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    out: Annotated[Path, typer.Option(help="Output folder: cost.csv and cost.png.")] = Path("data/cost"),
+) -> None:
+    """Cost curves of the projector: parameters, inference and training-step time against the number of sessions
+    (the expanding MLP grows, one g_inc stays flat) and against the number of tokens L."""
+    import torch
+
+    from pipeline.atomic import atomic_output
+    from pipeline.models.benchmark import cost_curves, plot_cost_curves
+
+    try:
+        side_list = [int(v) for v in sides.split(",")]
+    except ValueError:
+        _fail(f"--sides must be comma-separated integers, got {sides!r}", FSCILError.exit_code)
+    if min(side_list) < 1 or sessions < 1 or batch < 1 or repeats < 1:
+        _fail("--sides, --sessions, --batch and --repeats must be >= 1", FSCILError.exit_code)
+    if channels is None or side is None:
+        summary = _run("model cost", _preset_map, preset, timed=False)
+        channels, side = channels or summary[0], side or summary[1]
+    threads = torch.get_num_threads()
+    table = _run("model cost", cost_curves, preset, {}, projectors.split(","), channels, side, sessions, side_list,
+                 batch, repeats, device, log=lambda line: typer.echo(line, err=True))
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_output(out / "cost.csv") as tmp:
+        table.assign(device=device, threads=threads, batch=batch, channels=channels).to_csv(tmp, index=False)
+    plot_cost_curves(table, out / "cost.png", f"projector cost, {preset} widths, {channels} channels, batch {batch}, "
+                     f"{device} ({threads} threads)")
+    typer.echo(f"wrote {out / 'cost.csv'} and {out / 'cost.png'}")
+
+
+def _preset_map(preset: str) -> tuple[int, int]:
+    """(channels, side) of the preset backbone's map at the preset's input size."""
+    from pipeline.config import preset_model_config
+    from pipeline.data.presets import get_preset
+    from pipeline.models.fscil import build_backbone_from_config
+
+    model_cfg, merged = preset_model_config(preset, {})
+    size = get_preset(merged["data"].get("dataset", "synthetic"), merged["data"].get("image_size")).input_size
+    backbone = build_backbone_from_config(model_cfg, size)
+    return backbone.out_channels, backbone.feature_hw(size)[0]
+
+
 _STATE = {"debug": False}  # set by the --debug option before any command runs
 
 

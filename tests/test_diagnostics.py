@@ -42,7 +42,7 @@ def test_diagnostics_equal_a_sample_by_sample_recomputation(tiny_run, session):
     metrics = json.loads((paths.session(session) / "metrics.json").read_text())
     projector, classifier, store = _session_model(params, paths, session)
     num_seen = metrics["num_seen_classes"]
-    num_base = len(store.base_memory()[1])
+    num_base = len(store.base_means()[1])
     maps, labels = store.test_set(max_label=num_seen)
     feats, energy, params_mean = [], [], {k: [] for k in ("B", "C", "delta")}
     with torch.no_grad():

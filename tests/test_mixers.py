@@ -1,6 +1,8 @@
 """The projector family (paper table diff_archs): every registered token mixer keeps the branch's invariants, S4's
 parameters do not depend on the input while SS2D's do, and the suppression loss follows the appendix's rule."""
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -32,7 +34,8 @@ def _x(branch, f):
 def test_the_registry_names_the_papers_projectors():
     assert set(MIXERS) == {"selective_ssm", "s4", "mlp", "transformer", "gru", "lstm"}
     assert {name for name, kind in PROJECTOR_KINDS.items() if kind.dual} == {
-        "dual_ssm", "mlp", "s4", "transformer", "gru", "lstm"}
+        "dual_ssm", "mlp", "s4", "transformer", "gru", "lstm", "expanding_mlp"}
+    assert [name for name, kind in PROJECTOR_KINDS.items() if kind.expanding] == ["expanding_mlp"]
     assert {name for name, cls in MIXERS.items() if cls.gated} == {"selective_ssm", "s4"}
 
 
@@ -120,5 +123,58 @@ def test_transformer_needs_heads_that_divide_the_width():
 def test_suppression_acts_on_z_for_gating_designs_and_on_the_output_for_the_others():
     for kind in ("dual_ssm", "single_ssm", "s4"):
         assert [suppression_target(kind, t) for t in SUPPRESSION_TARGETS] == list(SUPPRESSION_TARGETS)
-    for kind in ("mlp", "transformer", "gru", "lstm"):
+    for kind in ("mlp", "transformer", "gru", "lstm", "expanding_mlp"):
         assert {suppression_target(kind, t) for t in SUPPRESSION_TARGETS} == {"mu_inc"}
+
+
+def test_expanding_baseline_grows_one_frozen_branch_per_session():
+    from pipeline.models.projector import Projector
+
+    torch.manual_seed(0)
+    proj = Projector("expanding_mlp", C, HW, _dims())
+    f = torch.randn(4, C, *HW)
+    sizes = []
+    for session in (1, 2, 3):
+        proj.set_sessions(session)
+        with torch.no_grad():
+            before = proj(f, mode="incremental").mu_inc.clone()
+            newest = proj.g_inc.branches[-1]
+            assert torch.equal(newest(f), torch.zeros(4, 16))  # a new branch starts shut: mu_inc unchanged
+            newest.in_proj.weight.normal_()  # stands for this session's training
+        assert len(proj.g_inc.branches) == session
+        trainable = {n.split(".")[2] for n, p in proj.g_inc.named_parameters(prefix="g_inc") if p.requires_grad}
+        assert trainable == {str(session - 1)}  # only the newest branch trains
+        out = proj(f, mode="incremental", return_aux=True)
+        with torch.no_grad():
+            parts = [b(f) for b in proj.g_inc.branches]
+        torch.testing.assert_close(out.mu_inc, sum(parts))
+        assert session == 1 or not torch.equal(out.mu_inc, before)
+        sizes.append(sum(p.numel() for p in proj.g_inc.parameters()))
+    assert sizes[1] - sizes[0] == sizes[2] - sizes[1] == sizes[0]  # parameters grow linearly with sessions
+    proj.set_sessions(1)
+    assert len(proj.g_inc.branches) == 1
+
+
+def test_expanding_baseline_through_three_sessions(tmp_path):
+    """A tiny pipeline with expanding_mlp: session s stores s g_inc branches; a branch never changes after its
+    own session (bit for bit), and the suppression acts on g_inc's output."""
+    from pipeline.training.checkpoint import load_checkpoint, unprefixed
+    from stages.paths import StagePaths
+    from tests.pipeline_fixtures import NUM_SESSIONS, run_pipeline, write_params
+
+    params = write_params(tmp_path / "params.yaml", model={"projector": "expanding_mlp"},
+                          incremental={"lambda2": 0.0, "lambda3": 0.0, "inc_init": "random"})
+    run_pipeline(params, tmp_path / "data", tmp_path / "metrics.json")
+    paths = StagePaths(tmp_path / "data")
+    states = [unprefixed(load_checkpoint(paths.session(s) / "state.safetensors")[0], "adapting")
+              for s in range(1, NUM_SESSIONS + 1)]
+    for s, state in enumerate(states, start=1):
+        assert {k.split(".")[1] for k in state} == {str(i) for i in range(s)}
+    for branch in range(NUM_SESSIONS):
+        keys = [k for k in states[branch] if k.startswith(f"branches.{branch}.")]
+        gate = states[branch][f"branches.{branch}.in_proj.weight"][16:]
+        assert gate.abs().sum() > 0  # it trained in its own session (it started at zero)
+        for later in states[branch + 1:]:
+            assert all(torch.equal(states[branch][k], later[k]) for k in keys)  # and never after
+    metrics = json.loads((paths.session(NUM_SESSIONS) / "metrics.json").read_text())
+    assert metrics["novel_acc"] is not None and metrics["diagnostics"]["z_energy_novel"] >= 0

@@ -16,7 +16,7 @@ from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.models.fscil import build_head
 from pipeline.store.feature_store import FeatureStore
-from pipeline.store.memory import ClassMeanMemory
+from pipeline.store.memory import ClassMemory
 from pipeline.training.base_model import load_base_model
 from pipeline.training.checkpoint import load_checkpoint, unprefixed
 from pipeline.training.incremental_session import frozen_digest, session_training_set
@@ -39,7 +39,7 @@ def test_store_equals_direct_backbone_forward(tiny_run):
         np.testing.assert_array_equal(store.root["test/labels"][:], pack.labels[ids])
         # the class-mean memory of the base classes
         base = pack.protocol.sessions[0]
-        means, classes = store.base_memory()
+        means, classes = store.base_means()
         assert np.array_equal(classes, base.classes)
         with torch.no_grad():
             for c in (0, len(classes) - 1):
@@ -149,7 +149,7 @@ def test_session_training_set_is_eq_batch_split(tiny_run, replay):
     inc = dataclasses.replace(cfg.incremental, copy=2, base_copy=[1, 1, 3], replay=replay)
     store = FeatureStore.open(paths.features)
     base_maps, base_classes = store.base_memory()
-    memory = ClassMeanMemory.empty(store.map_shape)
+    memory = ClassMemory.empty(store.map_shape)
     for session in (1, 2):
         memory = memory.added(*store.fewshot(session)[:2])
     x, y, is_base = session_training_set(store, 3, store.fewshot(3), memory, base_maps, base_classes, inc)

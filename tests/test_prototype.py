@@ -46,7 +46,7 @@ def _cosine_metrics(prototypes: np.ndarray, test: np.ndarray, labels: np.ndarray
 
 def _class_mean_maps(store: FeatureStore, session: int) -> np.ndarray:
     """(num_seen, C, H, W): the base classes' stored means, then the mean shot map of each novel class so far."""
-    base_means, base_classes = store.base_memory()
+    base_means, base_classes = store.base_means()
     means = dict(zip(base_classes.tolist(), base_means, strict=True))
     for s in range(1, session + 1):
         maps, labels, _ = store.fewshot(s)
@@ -79,7 +79,7 @@ def test_session_backbone_ncm_equals_numpy_recomputation(tiny_run):
         assert ("prototype_session0" in stored) == (session == 1)
     # session 0: base prototypes and base test maps only
     test, labels = _test_maps(store, NUM_BASE)
-    expected = _cosine_metrics(store.base_memory()[0].mean(axis=(2, 3)), test.mean(axis=(2, 3)), labels)
+    expected = _cosine_metrics(store.base_means()[0].mean(axis=(2, 3)), test.mean(axis=(2, 3)), labels)
     session0 = json.loads((paths.session(1) / "metrics.json").read_text())["prototype_session0"]
     _assert_metrics(session0["backbone"], expected, len(labels), NUM_BASE)
 
@@ -99,7 +99,7 @@ def test_session_projector_ncm_equals_recomputation(tiny_run):
 
     test, labels = _test_maps(store, NUM_BASE)
     session0 = json.loads((paths.session(1) / "metrics.json").read_text())["prototype_session0"]
-    expected = _cosine_metrics(mu(store.base_memory()[0], "base"), mu(test, "base"), labels)
+    expected = _cosine_metrics(mu(store.base_means()[0], "base"), mu(test, "base"), labels)
     _assert_metrics(session0["projector"], expected, len(labels), NUM_BASE)
 
     state, _ = load_checkpoint(paths.session(2) / "state.safetensors")

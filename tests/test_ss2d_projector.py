@@ -132,7 +132,8 @@ def test_freezing_after_base_session(kind):
     proj = Projector(kind, C, HW, DIMS)
     with torch.no_grad():
         if proj.g_inc is not None:  # leave the zero-init so g_inc's x path gets gradient too
-            proj.g_inc.in_proj.weight.normal_()
+            newest = proj.g_inc.branches[-1] if kind == "expanding_mlp" else proj.g_inc
+            newest.in_proj.weight.normal_()
     proj.freeze_base()
     proj.train()
     frozen = {n for m in proj.frozen_after_base() for n, _ in m.named_parameters(prefix=_prefix(proj, m))}

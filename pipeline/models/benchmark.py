@@ -1,10 +1,15 @@
-"""`fscil model benchmark`: forward and forward+backward time of one projector branch (median of repeats)."""
+"""`fscil model benchmark`: forward and forward+backward time of one projector branch (median of repeats);
+`fscil model cost`: the projector's parameters and step times against sessions and against tokens."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
 
+import pandas as pd
 import torch
 
 from pipeline.config import preset_model_config
@@ -49,3 +54,84 @@ def benchmark_branch(preset: str, overrides: dict, batch: int, channels: int, hw
             "device": device, "repeats": repeats,
             "forward_ms": round(_median_ms(forward, repeats), 2),
             "forward_backward_ms": round(_median_ms(forward_backward, repeats), 2)}
+
+
+# ---- cost curves (paper Fig. 1 and its cost comparison): the projector against sessions and against tokens L ------
+COST_COLUMNS = ("projector", "curve", "sessions", "side", "tokens", "parameters", "inference_ms", "train_step_ms")
+
+
+def _projector_costs(kind: str, cfg, channels: int, side: int, sessions: int, batch: int, repeats: int,
+                     device: str) -> dict:
+    """Parameters of the whole projector (every g_inc branch) as it is in session `sessions`, median inference
+    time (mode incremental, no grad) and median training-step time (forward, backward, SGD step of what trains in
+    an incremental session) on a random (batch, channels, side, side) map."""
+    from pipeline.models.projector import Projector
+    from pipeline.models.ss2d import BranchDims
+
+    torch.manual_seed(0)
+    proj = Projector(kind, channels, (side, side), BranchDims.from_config(dataclasses.replace(cfg, projector=kind)))
+    proj.set_sessions(sessions)
+    proj.freeze_base()  # the paper's incremental sessions: p_iden / g_base frozen
+    proj.to(device)
+    f = torch.randn(batch, channels, side, side, device=device)
+    trainable = [p for p in proj.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(trainable, lr=1e-3)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def infer():
+        with torch.no_grad():
+            proj(f, mode="incremental")
+        sync()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        proj(f, mode="incremental").mu.square().mean().backward()
+        opt.step()
+        sync()
+
+    return {"projector": kind, "sessions": sessions, "side": side, "tokens": side * side,
+            "parameters": sum(p.numel() for p in proj.parameters()),
+            "inference_ms": round(_median_ms(infer, repeats), 3), "train_step_ms": round(_median_ms(step, repeats), 3)}
+
+
+def cost_curves(preset: str, overrides: dict, kinds: list[str], channels: int, side: int, max_sessions: int,
+                sides: list[int], batch: int, repeats: int, device: str = "cpu",
+                log: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Rows of COST_COLUMNS: curve "sessions" (1..max_sessions at side x side) and curve "tokens" (each side in
+    `sides`, session 1), for every projector kind."""
+    cfg, _ = preset_model_config(preset, overrides)
+    say = log or (lambda line: None)
+    points = [("sessions", s, side) for s in range(1, max_sessions + 1)] + [("tokens", 1, h) for h in sides]
+    rows = []
+    for kind in kinds:
+        for curve, sessions, h in points:
+            rows.append({"curve": curve, **_projector_costs(kind, cfg, channels, h, sessions, batch, repeats,
+                                                            device)})
+            r = rows[-1]
+            say(f"{kind} {curve}: session {sessions}, L {h}x{h}: {r['parameters']:,} parameters, "
+                f"inference {r['inference_ms']:.2f} ms, train step {r['train_step_ms']:.2f} ms")
+    return pd.DataFrame(rows, columns=list(COST_COLUMNS))
+
+
+def plot_cost_curves(table: pd.DataFrame, path: Path, title: str) -> None:
+    """Two rows (against sessions, against tokens L) x three columns (parameters, inference, training step)."""
+    from pipeline.plots import figure
+
+    measures = (("parameters", "projector parameters"), ("inference_ms", "inference (ms / batch)"),
+                ("train_step_ms", "training step (ms / batch)"))
+    with figure(path, 2, 3, (13, 7)) as (fig, axes):
+        for row, (curve, x, xlabel) in enumerate((("sessions", "sessions", "session"),
+                                                  ("tokens", "tokens", "tokens L (side x side)"))):
+            part = table[table["curve"] == curve]
+            for col, (measure, ylabel) in enumerate(measures):
+                ax = axes[row, col]
+                for kind, runs in part.groupby("projector", sort=False):
+                    ax.plot(runs[x], runs[measure], marker="o", label=kind)
+                ax.set_xlabel(xlabel)
+                ax.set_ylabel(ylabel)
+                if curve == "tokens":
+                    ax.set_xscale("log")
+                    ax.set_xticks(sorted(part["tokens"].unique()), [str(t) for t in sorted(part["tokens"].unique())])
+                ax.grid(alpha=0.3)
+        axes[0, 0].legend(fontsize=8)
+        fig.suptitle(title)

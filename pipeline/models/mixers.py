@@ -179,6 +179,50 @@ class S4Branch(BranchBase):
         return y, {"B": bs.transpose(2, 3), "C": cs.transpose(2, 3), "delta": delta}
 
 
+class ExpandingBranches(nn.Module):
+    """The expanding baseline's g_inc (paper Fig. 1(b)): one new branch per incremental session, the earlier ones
+    frozen, mu_inc = the sum of all of them. Parameters and inference cost grow with the sessions, where the dual
+    selective SSM keeps one g_inc. aux (Z) comes from the newest branch, the one that trains.
+
+    `set_sessions(s)` makes s branches (to load the state of session s); `grow()` freezes them and adds one with a
+    zero gate, so mu_inc is unchanged when a session starts.
+    """
+
+    gated = False
+
+    def __init__(self, branch: type[BranchBase], in_channels: int, feature_hw: tuple[int, int], dims: BranchDims,
+                 zero_init_gate: bool = True):
+        super().__init__()
+        self._make = lambda: branch(in_channels, feature_hw, dims, zero_init_gate=True)
+        self.branches = nn.ModuleList([self._make()])
+
+    def set_sessions(self, count: int) -> None:
+        """Exactly `count` branches (new ones zero-gated), the newest trainable, the others frozen."""
+        if count < 1:
+            raise ValueError(f"an expanding g_inc has >= 1 branch, got {count}")
+        while len(self.branches) > count:
+            del self.branches[-1]
+        while len(self.branches) < count:
+            self.branches.append(self._make())
+        for i, branch in enumerate(self.branches):
+            branch.requires_grad_(i == count - 1)
+
+    def grow(self) -> None:
+        self.set_sessions(len(self.branches) + 1)
+
+    def zero_gate(self) -> None:
+        for branch in self.branches:
+            branch.zero_gate()
+
+    def forward(self, f: torch.Tensor, return_aux: bool = False):
+        *earlier, newest = self.branches
+        total = sum((b(f) for b in earlier), start=torch.zeros(()))
+        if not return_aux:
+            return total + newest(f)
+        mu, aux = newest(f, return_aux=True)
+        return total + mu, aux
+
+
 # the token mixer of a projector branch, by name (model.projector picks one through PROJECTOR_KINDS)
 MIXERS: dict[str, type[BranchBase]] = {
     "selective_ssm": SS2DBranch,

@@ -5,7 +5,9 @@ kinds (params.yaml `model.projector`):
 - `single_ssm` ablation row 2: p_iden + g_base only, g_base keeps training in incremental sessions;
 - `mlp`        ablation row 1 / NC-FSCIL-like: the dual structure with a 3-layer MLP in place of the scan;
 - `s4`, `transformer`, `gru`, `lstm`: the dual structure with that token mixer in place of the selective scan
-  (paper table diff_archs; pipeline/models/mixers.py).
+  (paper table diff_archs; pipeline/models/mixers.py);
+- `expanding_mlp`: the expanding baseline (paper Fig. 1(b)): g_inc adds one MLP branch per session and freezes the
+  earlier ones.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pipeline.models.mixers import MIXERS
+from pipeline.models.mixers import MIXERS, ExpandingBranches
 from pipeline.models.ss2d import BranchBase, BranchDims
 
 
@@ -23,6 +25,7 @@ from pipeline.models.ss2d import BranchBase, BranchDims
 class ProjectorKind:
     mixer: str  # a key of MIXERS
     dual: bool  # has a separate g_inc; otherwise g_base adapts in incremental sessions
+    expanding: bool = False  # g_inc grows by one branch per session (ExpandingBranches)
 
     @property
     def branch(self) -> type[BranchBase]:
@@ -33,13 +36,15 @@ PROJECTOR_KINDS: dict[str, ProjectorKind] = {
     "dual_ssm": ProjectorKind("selective_ssm", dual=True),
     "single_ssm": ProjectorKind("selective_ssm", dual=False),
     **{name: ProjectorKind(name, dual=True) for name in ("mlp", "s4", "transformer", "gru", "lstm")},
+    "expanding_mlp": ProjectorKind("mlp", dual=True, expanding=True),
 }
 
 
 def suppression_target(kind: str, configured: str) -> str:
     """What the suppression loss acts on: the configured target (z | silu_z | mu_inc) for gating designs (selective
     SSM, S4), g_inc's output (mu_inc) for the others (appendix "Implementation Details for Different Projections")."""
-    return configured if PROJECTOR_KINDS[kind].branch.gated else "mu_inc"
+    spec = PROJECTOR_KINDS[kind]
+    return configured if spec.branch.gated and not spec.expanding else "mu_inc"
 
 
 @dataclass
@@ -63,7 +68,8 @@ class Projector(nn.Module):
         # eq. mu_iden_0: Pool then a linear map C -> D' (identity when C == D')
         self.p_iden = nn.Linear(in_channels, dims.dim, bias=False) if in_channels != dims.dim else nn.Identity()
         self.g_base = spec.branch(in_channels, feature_hw, dims)
-        self.g_inc = spec.branch(in_channels, feature_hw, dims, zero_init_gate=True) if spec.dual else None
+        inc = (lambda *a, **k: ExpandingBranches(spec.branch, *a, **k)) if spec.expanding else spec.branch
+        self.g_inc = inc(in_channels, feature_hw, dims, zero_init_gate=True) if spec.dual else None
         self._frozen: list[nn.Module] = []
 
     @property
@@ -71,12 +77,17 @@ class Projector(nn.Module):
         """The branch trained in incremental sessions (and regularised by the class-sensitive losses)."""
         return self.g_inc if self.g_inc is not None else self.g_base
 
+    def set_sessions(self, count: int) -> None:
+        """Shape g_inc for the state of session `count` (the expanding baseline: `count` branches); else nothing."""
+        if isinstance(self.g_inc, ExpandingBranches):
+            self.g_inc.set_sessions(count)
+
     @torch.no_grad()
     def start_inc_from_base(self) -> None:
         """g_inc := the trained g_base with its gate p_z zeroed, so mu_inc = 0 still holds when session 1 starts but
         the x path, p_mlp and the scan start from what the base session learned (option incremental.inc_init)."""
-        if self.g_inc is None:
-            raise ValueError(f"projector {self.kind!r} has no g_inc")
+        if self.g_inc is None or isinstance(self.g_inc, ExpandingBranches):
+            raise ValueError(f"projector {self.kind!r} has no single g_inc to start from g_base")
         self.g_inc.load_state_dict(self.g_base.state_dict())
         self.g_inc.zero_gate()
 

@@ -4,7 +4,9 @@ Layout (arrays chunked along samples):
     test/maps (N, C, H, W), test/labels (N,), test/ids (N,)           every test image of the pack
     fewshot/maps (M, C, H, W), fewshot/labels, fewshot/ids, fewshot/session   the few-shot training images
     fewshot/views (V, M, C, H, W)                                    optional augmented views
-    memory/base_means (B, C, H, W), memory/base_classes (B,)         class-mean maps of the base classes (eq. memory)
+    memory/base_means (B, C, H, W), memory/base_classes (B,)         class-mean maps of the base classes (NCM)
+    memory/base_maps (M, C, H, W), memory/base_map_classes (M,)      the base classes' memory (attrs "memory",
+                                                                     "memory_k": the rule, pipeline/store/memory.py)
 Root attributes hold the format version, the sha256 of the image pack's content and of the base checkpoint, the
 map shape, dtype and the transform. `FeatureStore.open` refuses a store that is incomplete, of another format,
 or built from another checkpoint or data pack.
@@ -27,7 +29,7 @@ class FeatureStoreWriter:
     """Creates the arrays up front, then takes slices; `finish` marks the store complete."""
 
     def __init__(self, path: Path, map_shape: tuple[int, int, int], counts: dict[str, int], num_base: int,
-                 views: int, dtype: str, chunk: int, attrs: dict[str, Any]):
+                 views: int, dtype: str, chunk: int, attrs: dict[str, Any], memory_rows: int | None = None):
         self.root = zarr.open_group(str(path), mode="w", zarr_format=3)
         self.dtype = dtype
         c, h, w = map_shape
@@ -47,6 +49,8 @@ class FeatureStoreWriter:
                                    chunks=(1, min(chunk, max(counts["fewshot"], 1)), c, h, w), dtype=dtype)
         make("memory/base_means", (num_base, c, h, w), "float32")
         make("memory/base_classes", (num_base,), "int64")
+        make("memory/base_maps", (num_base if memory_rows is None else memory_rows, c, h, w), "float32")
+        make("memory/base_map_classes", (num_base if memory_rows is None else memory_rows,), "int64")
         self.root.attrs.update({**attrs, "format": FORMAT, "complete": False, "map_shape": [c, h, w],
                                 "dtype": dtype, "augmented_views": views})
 
@@ -126,5 +130,25 @@ class FeatureStore:
                                dtype=np.float32)
         return maps, self._read("fewshot/labels", rows), views
 
+    @property
+    def memory_rule(self) -> tuple[str, int]:
+        """(kind, k) of the class memory (pipeline/store/memory.py) the sessions apply to their own classes."""
+        return self.attrs.get("memory", "mean"), int(self.attrs.get("memory_k", 1))
+
     def base_memory(self) -> tuple[np.ndarray, np.ndarray]:
+        """The base classes' memory (maps (M, C, H, W), classes (M,)): what the sessions train on."""
+        if "memory/base_maps" not in self.root:  # a store of the mean rule written before the memory variants
+            return self.base_means()
+        return self._read("memory/base_maps").astype(np.float32), self._read("memory/base_map_classes")
+
+    def base_means(self) -> tuple[np.ndarray, np.ndarray]:
+        """Class-mean maps of the base classes (B, C, H, W) and their classes: the prototype baseline's."""
         return self._read("memory/base_means").astype(np.float32), self._read("memory/base_classes")
+
+    def shots_before(self, session: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every few-shot map and label of sessions 1..session-1 (the earlier novel classes' own shots)."""
+        if session <= 1:
+            c, h, w = self.map_shape
+            return np.zeros((0, c, h, w), dtype=np.float32), np.zeros(0, dtype=np.int64)
+        earlier = [self.fewshot(k)[:2] for k in range(1, session)]
+        return tuple(np.concatenate(x) for x in zip(*earlier, strict=True))

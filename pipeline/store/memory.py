@@ -1,4 +1,13 @@
-"""ClassMeanMemory: one class-mean backbone map per learned class (paper eq. memory)."""
+"""ClassMemory: the stored backbone maps that stand for each learned class (paper eq. memory) and the rule that
+picks them (params extract.memory, the paper's memory ablation):
+
+- `mean`:    one class-mean map per class (the paper);
+- `random`:  one of the class's training maps, drawn at random;
+- `sampled`: k of the class's training maps (all of them when it has fewer), drawn at random.
+
+The extract stage applies the rule to the base classes and records it in the feature store; every incremental
+session applies the store's rule to its own classes' shots, with a generator seeded by (seed, session).
+"""
 
 from __future__ import annotations
 
@@ -7,14 +16,30 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+MEMORY_KINDS = ("mean", "random", "sampled")
+
+
+def memory_rows(labels: np.ndarray, kind: str, k: int, gen: torch.Generator) -> np.ndarray:
+    """Rows of `labels` kept by the `random` / `sampled` rule, grouped by class (classes sorted), each class's rows
+    in a random order drawn from `gen`."""
+    if kind not in ("random", "sampled"):
+        raise ValueError(f"memory rows are drawn for random / sampled memories, not {kind!r}")
+    keep = 1 if kind == "random" else k
+    rows = []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        order = torch.randperm(len(members), generator=gen).numpy()
+        rows.append(members[order[:keep]])
+    return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
+
 
 @dataclass
-class ClassMeanMemory:
-    maps: np.ndarray  # (M, C, H, W) float32
+class ClassMemory:
+    maps: np.ndarray  # (M, C, H, W) float32; one row per class (mean, random) or up to k (sampled)
     classes: np.ndarray  # (M,) int64
 
     @classmethod
-    def empty(cls, map_shape: tuple[int, int, int]) -> ClassMeanMemory:
+    def empty(cls, map_shape: tuple[int, int, int]) -> ClassMemory:
         return cls(np.zeros((0, *map_shape), dtype=np.float32), np.zeros(0, dtype=np.int64))
 
     @staticmethod
@@ -24,16 +49,28 @@ class ClassMeanMemory:
         means = np.stack([maps[labels == c].astype(np.float64).mean(axis=0) for c in classes]).astype(np.float32)
         return means, classes.astype(np.int64)
 
-    def added(self, maps: np.ndarray, labels: np.ndarray) -> ClassMeanMemory:
-        """A new memory with the class means of (maps, labels) appended; classes must be new."""
-        means, classes = self.class_means(maps, labels)
+    @classmethod
+    def select(cls, maps: np.ndarray, labels: np.ndarray, kind: str = "mean", k: int = 1,
+               gen: torch.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The maps the `kind` rule keeps of (maps, labels): ((M, C, H, W), (M,))."""
+        if kind == "mean":
+            return cls.class_means(maps, labels)
+        if gen is None:
+            raise ValueError(f"a {kind} memory needs a generator")
+        rows = memory_rows(labels, kind, k, gen)
+        return maps[rows].astype(np.float32), labels[rows].astype(np.int64)
+
+    def added(self, maps: np.ndarray, labels: np.ndarray, kind: str = "mean", k: int = 1,
+              gen: torch.Generator | None = None) -> ClassMemory:
+        """A new memory with the `kind` rule's maps of (maps, labels) appended; classes must be new."""
+        kept, classes = self.select(maps, labels, kind, k, gen)
         if np.isin(classes, self.classes).any():
             raise ValueError("classes already in memory")
-        return ClassMeanMemory(np.concatenate([self.maps, means]), np.concatenate([self.classes, classes]))
+        return ClassMemory(np.concatenate([self.maps, kept]), np.concatenate([self.classes, classes]))
 
     def to_tensors(self, prefix: str = "memory") -> dict[str, torch.Tensor]:
         return {f"{prefix}.maps": torch.from_numpy(self.maps), f"{prefix}.classes": torch.from_numpy(self.classes)}
 
     @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str = "memory") -> ClassMeanMemory:
+    def from_tensors(cls, tensors: dict[str, torch.Tensor], prefix: str = "memory") -> ClassMemory:
         return cls(tensors[f"{prefix}.maps"].numpy(), tensors[f"{prefix}.classes"].numpy())

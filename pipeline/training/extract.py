@@ -1,7 +1,8 @@
 """Fill the feature store from the frozen base backbone (eval mode, test-time transform).
 
 Writes the maps of every test image, of every few-shot training image (plus optional augmented views), and the
-class-mean maps of the base classes (eq. memory), streaming batch by batch.
+class-mean maps of the base classes (the prototype baseline's), streaming batch by batch, and the base classes'
+memory by the extract.memory rule (eq. memory: the class means; or random / sampled training maps).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from pipeline.data.augment import test_transform, train_augment
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.device import resolve_device
-from pipeline.seeding import EXTRACT_VIEW, seeded_generator
+from pipeline.seeding import EXTRACT_VIEW, MEMORY, seeded_generator
 from pipeline.store.feature_store import FeatureStoreWriter
+from pipeline.store.memory import memory_rows
 from pipeline.training.base_model import load_base_model
 
 
@@ -45,12 +47,18 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
         hw = backbone.feature_hw(preset.input_size)
         map_shape = (backbone.out_channels, *hw)
         views = cfg.extract.augmented_views
+        kind, k = cfg.extract.memory, cfg.extract.memory_k
+        # the base classes' memory rows (random / sampled rules), drawn before anything is written
+        memory_ids = None if kind == "mean" else base_ids[memory_rows(pack.labels[base_ids], kind, k,
+                                                                      seeded_generator(cfg.seed, MEMORY))]
         writer = FeatureStoreWriter(
             out_path, map_shape, {"test": len(test_ids), "fewshot": len(fewshot_ids)}, num_base, views,
             cfg.extract.dtype, cfg.extract.chunk_samples,
             attrs={"pack_hash": pack.content_hash, "checkpoint_sha256": ckpt_sha, "preset": pack.preset,
                    "transform": {"kind": "test", "input_size": preset.input_size}, "num_classes": protocol.num_classes,
-                   "num_base": num_base, "num_sessions": len(protocol.sessions), "backbone": cfg.model.backbone},
+                   "num_base": num_base, "num_sessions": len(protocol.sessions), "backbone": cfg.model.backbone,
+                   "memory": kind, "memory_k": k if kind == "sampled" else 1},
+            memory_rows=None if memory_ids is None else len(memory_ids),
         )
         size = cfg.extract.batch_size
         np_dtype = np.dtype(cfg.extract.dtype)
@@ -87,9 +95,17 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
             np.add.at(counts, rows, 1)
             bar.update(len(chunk))
         bar.close()
-        writer.write("memory/base_means", 0, (sums / counts[:, None, None, None]).astype(np.float32))
+        means = (sums / counts[:, None, None, None]).astype(np.float32)
+        writer.write("memory/base_means", 0, means)
         writer.write("memory/base_classes", 0, base_classes.astype(np.int64))
+        if memory_ids is None:  # eq. memory: the class means
+            writer.write("memory/base_maps", 0, means)
+            writer.write("memory/base_map_classes", 0, base_classes.astype(np.int64))
+        else:
+            for start, chunk in _batches(memory_ids, size):
+                writer.write("memory/base_maps", start, maps_of(chunk))
+            writer.write("memory/base_map_classes", 0, pack.labels[memory_ids].astype(np.int64))
         writer.finish()
-    return {"test": int(len(test_ids)), "fewshot": int(len(fewshot_ids)), "augmented_views": views,
+    return {"test": int(len(test_ids)), "fewshot": int(len(fewshot_ids)), "augmented_views": views, "memory": kind,
             "base_classes": int(len(base_classes)), "map_shape": list(map_shape), "checkpoint_sha256": ckpt_sha,
             "seconds": round(time.time() - started, 2)}

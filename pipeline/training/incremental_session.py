@@ -27,9 +27,9 @@ from pipeline.losses.classification import mixed_loss
 from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import build_head
 from pipeline.models.projector import suppression_target
-from pipeline.seeding import SESSION, seeded_generator
+from pipeline.seeding import MEMORY, SESSION, seeded_generator
 from pipeline.store.feature_store import FeatureStore
-from pipeline.store.memory import ClassMeanMemory
+from pipeline.store.memory import ClassMemory
 from pipeline.training.base_model import MODEL_FILE, config_digest
 from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed
 from pipeline.training.diagnostics import session_diagnostics
@@ -68,21 +68,20 @@ def _check_session(session: int, num_sessions: int, prev_dir: Path | None) -> No
                          f"run `fscil stage incremental --session {session - 1}` first")
 
 
-def session_training_set(store: FeatureStore, session: int, fewshot: tuple, memory: ClassMeanMemory,
+def session_training_set(store: FeatureStore, session: int, fewshot: tuple, memory: ClassMemory,
                          base_maps: np.ndarray, base_classes: np.ndarray, inc) -> tuple[np.ndarray, ...]:
     """Session `session`'s training set (eq. batch_split): maps (N, C, H, W), labels (N,), is_base (N,) bool.
 
     fewshot: the session's (shots, labels, augmented views or None), as `store.fewshot(session)` gives them. Each
-    earlier novel class is replayed `copy` times, by its class-mean map (replay=mean, the paper's memory) or by its
-    own stored shots (replay=shots, read from `store`); each base-class mean map is repeated `base_copy` times, the
-    base group of the class-sensitive losses.
+    earlier novel class is replayed `copy` times, by its memory (replay=mean: the paper's class-mean map, or what
+    extract.memory keeps) or by its own stored shots (replay=shots, read from `store`); each base-class memory map is
+    repeated `base_copy` times, the base group of the class-sensitive losses.
     """
     shots, shot_labels, views = fewshot
     parts = [(shots, shot_labels, False)] + [(v, shot_labels, False) for v in (views if views is not None else [])]
     if inc.copy and len(memory.classes):
         if inc.replay == "shots":
-            earlier = [store.fewshot(k)[:2] for k in range(1, session)]
-            replay_maps, replay_classes = (np.concatenate(x) for x in zip(*earlier, strict=True))
+            replay_maps, replay_classes = store.shots_before(session)
         else:
             replay_maps, replay_classes = memory.maps, memory.classes
         parts.append((np.repeat(replay_maps, inc.copy, axis=0), np.repeat(replay_classes, inc.copy), False))
@@ -128,17 +127,19 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     projector.load_state_dict(unprefixed(tensors, "projector"))
     classifier.load_state_dict(unprefixed(tensors, "classifier"))
     base_maps, base_classes = store.base_memory()
-    num_base = len(base_classes)
-    memory = ClassMeanMemory.empty(store.map_shape)
+    num_base = int(store.attrs["num_base"])
+    memory = ClassMemory.empty(store.map_shape)
     if session > 1:
         state, _ = load_checkpoint(Path(prev_dir) / STATE_FILE, {"kind": "session", "session": session - 1,
                                                                         "config": digest, "store": store.attrs[
                                                                             "checkpoint_sha256"]})
         if not cfg.incremental.freeze_base:  # p_iden / g_base trained in the earlier sessions too
             projector.load_state_dict({**projector.state_dict(), **unprefixed(state, "projector")})
+        projector.set_sessions(session - 1)  # the expanding baseline: one g_inc branch per earlier session
         projector.adapting_branch.load_state_dict(unprefixed(state, "adapting"))
+        projector.set_sessions(session)  # ... and a new zero-gated one for this session, the earlier ones frozen
         classifier.load_state_dict(unprefixed(state, "classifier"))
-        memory = ClassMeanMemory.from_tensors(state)
+        memory = ClassMemory.from_tensors(state)
     elif cfg.incremental.inc_init == "base":
         if projector.g_inc is None:
             raise FSCILError(f"params: incremental.inc_init=base needs a projector with g_inc, "
@@ -196,12 +197,13 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     metrics = evaluate_session(projector, classifier, store, num_seen, num_base, device, inc.eval_batch_size)
     diagnostics = session_diagnostics(projector, classifier, store, num_seen, num_base, device,
                                       inc.eval_batch_size, out_dir)  # analysis only: nothing reads them to choose
-    prototype = {"prototype": prototype_metrics(projector, store, memory.maps, memory.classes, shots, shot_labels,
-                                                num_seen, num_base, device, inc.eval_batch_size)}
+    prototype = {"prototype": prototype_metrics(projector, store, session, num_seen, num_base, device,
+                                                inc.eval_batch_size)}
     if session == 1:  # the base stage has no feature store: session 1 reports the base session's NCM baseline
         prototype["prototype_session0"] = base_prototype_metrics(cfg.model, tensors, store, device,
                                                                  inc.eval_batch_size)
-    memory = memory.added(shots, shot_labels)
+    kind, k = store.memory_rule  # eq. memory, or the random / sampled rule the store was extracted with
+    memory = memory.added(shots, shot_labels, kind, k, seeded_generator(cfg.seed, MEMORY + session))
     state = prefixed(projector.adapting_branch.state_dict(), "adapting")
     if not cfg.incremental.freeze_base:
         state.update(prefixed(base_parts_state(projector), "projector"))

@@ -3,9 +3,9 @@
 Two feature spaces, each with no training and no classifier head:
 - "backbone":  the frozen backbone maps, global-average pooled, (N, C, H, W) -> (N, C);
 - "projector": the projector's output mu (N, D') after the session (mode "incremental"; "base" for session 0).
-Class k's prototype is its class-mean map (eq. memory) mapped into that space. The memory keeps only the class-mean
-map of a base class, so the projector prototypes are the projector's output on the class-mean maps (of every class,
-base or novel, for one rule), not the mean of the projected samples.
+Class k's prototype is its class-mean map mapped into that space. The store keeps only the class-mean map of a base
+class, so the projector prototypes are the projector's output on the class-mean maps (of every class, base or
+novel, for one rule), not the mean of the projected samples.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from pipeline.models.projector import Projector
 from pipeline.models.ss2d import BranchDims
 from pipeline.store.feature_store import FeatureStore
-from pipeline.store.memory import ClassMeanMemory
+from pipeline.store.memory import ClassMemory
 from pipeline.training.checkpoint import unprefixed
 from pipeline.training.evaluate import session_metrics
 
@@ -42,7 +42,7 @@ def projected(projector: Projector, maps: np.ndarray, mode: str, device, batch_s
     return torch.cat(parts)
 
 
-def session_ordered(memory: ClassMeanMemory, num_seen: int) -> np.ndarray:
+def session_ordered(memory: ClassMemory, num_seen: int) -> np.ndarray:
     """The memory's class-mean maps (num_seen, C, H, W), row k = class k; the classes must be 0..num_seen-1."""
     order = np.argsort(memory.classes)
     if not np.array_equal(memory.classes[order], np.arange(num_seen)):
@@ -69,16 +69,13 @@ def ncm_metrics(class_maps: np.ndarray, projector: Projector, mode: str, store: 
     return result
 
 
-def prototype_metrics(projector: Projector, store: FeatureStore, memory_maps: np.ndarray, memory_classes: np.ndarray,
-                      shots: np.ndarray, shot_labels: np.ndarray, num_seen: int, num_base: int, device,
+def prototype_metrics(projector: Projector, store: FeatureStore, session: int, num_seen: int, num_base: int, device,
                       batch_size: int) -> dict:
-    """NCM after incremental session t. memory_maps (M, C, H, W) / memory_classes (M,): the earlier novel classes'
-    class-mean maps; shots (n, C, H, W) / shot_labels (n,): the session's shots, averaged per class (eq. memory).
-    With the base classes' class-mean maps of the store, the prototypes cover classes 0..num_seen-1."""
-    base_maps, base_classes = store.base_memory()
-    seen = ClassMeanMemory(np.concatenate([base_maps, memory_maps]), np.concatenate([base_classes, memory_classes]))
-    seen = seen.added(shots, shot_labels)  # eq. memory: the current classes' mean maps
-    return ncm_metrics(session_ordered(seen, num_seen), projector, "incremental", store, num_base, device,
+    """NCM after incremental session t: every seen class's prototype is its class-mean map (the base classes' from
+    the store, each novel class's the mean of its stored shots), whatever the sessions' memory rule."""
+    maps, labels = store.shots_before(session + 1)
+    means = ClassMemory(*store.base_means()).added(maps, labels)
+    return ncm_metrics(session_ordered(means, num_seen), projector, "incremental", store, num_base, device,
                        batch_size)
 
 
@@ -89,6 +86,6 @@ def base_prototype_metrics(model_cfg, base_tensors: dict[str, torch.Tensor], sto
     c, h, w = store.map_shape
     projector = Projector(model_cfg.projector, c, (h, w), BranchDims.from_config(model_cfg)).to(device)
     projector.load_state_dict(unprefixed(base_tensors, "projector"))
-    base = ClassMeanMemory(*store.base_memory())
+    base = ClassMemory(*store.base_means())
     num_base = len(base.classes)
     return ncm_metrics(session_ordered(base, num_base), projector, "base", store, num_base, device, batch_size)

@@ -1,0 +1,34 @@
+"""`fscil model cost`: the projector's parameters against sessions (one g_inc stays flat, the expanding baseline
+grows by one branch per session) and against tokens, with timings, as a CSV and a plot."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pipeline.config import preset_model_config
+from pipeline.models.projector import Projector
+from pipeline.models.ss2d import BranchDims
+from tests.pipeline_fixtures import cli
+
+
+def test_cost_curves_csv_and_plot(tmp_path):
+    out = tmp_path / "cost"
+    result = cli("model", "cost", "--preset", "synthetic", "--projectors", "dual_ssm,expanding_mlp", "--sessions", "3",
+                 "--sides", "1,3", "--batch", "4", "--repeats", "1", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "cost.csv")
+    assert (out / "cost.png").read_bytes()[:4] == b"\x89PNG"
+    assert len(table) == 2 * (3 + 2) and (table[["inference_ms", "train_step_ms"]] > 0).all().all()
+    sessions = table[table["curve"] == "sessions"].set_index(["projector", "sessions"])["parameters"]
+    assert sessions["dual_ssm"].nunique() == 1  # one g_inc whatever the number of sessions
+    cfg, _ = preset_model_config("synthetic", {"projector": "mlp"})
+    branch = sum(p.numel() for p in Projector("mlp", 128, (2, 2), BranchDims.from_config(cfg)).g_inc.parameters())
+    grown = sessions["expanding_mlp"].diff().dropna()
+    assert (grown == branch).all()  # exactly one more MLP branch per session
+    tokens = table[table["curve"] == "tokens"]
+    assert tokens["tokens"].tolist() == [1, 9, 1, 9] and (tokens["sessions"] == 1).all()
+
+
+def test_cost_rejects_bad_sides(tmp_path):
+    result = cli("model", "cost", "--sides", "1,x", "--out", str(tmp_path / "c"))
+    assert result.exit_code == 2 and "--sides" in result.output and not (tmp_path / "c").exists()
