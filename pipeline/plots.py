@@ -26,7 +26,8 @@ def figure(path: Path, nrows: int = 1, ncols: int = 1, size: tuple[float, float]
     fig, axes = plt.subplots(nrows, ncols, figsize=size, squeeze=False)
     try:
         yield fig, axes
-        fig.tight_layout()
+        top = 1 - 0.45 / fig.get_size_inches()[1] if fig.get_suptitle() else 1  # room for a two-line suptitle
+        fig.tight_layout(rect=(0, 0, 1, top))
         with atomic_output(Path(path)) as tmp:
             fig.savefig(tmp, format="png", dpi=120)
     finally:
@@ -128,3 +129,27 @@ def plot_tsne(arrays: dict, path: Path, title: str, seed: int = 0) -> None:
         ax.set_ylabel("t-SNE 2")
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8, markerscale=3)
+
+
+def plot_b_maps(arrays: dict, path: Path, title: str) -> None:
+    """Activation maps of the generated B (paper Fig. vis_cam): one row per shown test image (base, then novel),
+    columns: the backbone map's mean |activation|, ||B_t|| of g_base, ||B_t|| of g_inc (one colour scale per row
+    for the two branches)."""
+    b_maps, labels, inputs = arrays["b_maps"], arrays["b_labels"], arrays["b_inputs"]
+    num_base = int(arrays["num_base"])
+    rows = len(labels)
+    with figure(path, rows, 3, (7.5, 2.1 * rows + 0.6)) as (fig, axes):
+        for i in range(rows):
+            group = "base" if labels[i] < num_base else "novel"
+            panels = ((inputs[i], "backbone map |f|", None), (b_maps[i, 0], "||B|| of g_base", b_maps[i].max()),
+                      (b_maps[i, 1], "||B|| of g_inc", b_maps[i].max()))
+            for j, (image, name, vmax) in enumerate(panels):
+                ax = axes[i, j]
+                shown = ax.imshow(image, cmap="viridis", vmin=0, vmax=vmax)
+                fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.04)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if i == 0:
+                    ax.set_title(name, fontsize=9)
+            axes[i, 0].set_ylabel(f"{group} class {int(labels[i])}", fontsize=9)
+        fig.suptitle(title, fontsize=10)

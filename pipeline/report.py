@@ -36,11 +36,12 @@ def session_table(results: list[dict]) -> pd.DataFrame:
     session0 = next((r.get("prototype_session0") for r in results if r["session"] == 1), None)
     rows = [{"session": r["session"], "acc": r["acc"], "base_acc": r["base_acc"], "novel_acc": r["novel_acc"],
              "num_seen_classes": r["num_seen_classes"], "num_test": r["num_test"], **_prototype_row(r, session0),
+             "projector_parameters": r.get("projector_parameters"),
              **{f"diag_{name}": r.get("diagnostics", {}).get(name) for name in DIAGNOSTICS}}
             for r in results]
     table = pd.DataFrame(rows).sort_values("session").reset_index(drop=True)
     floats = [column for space in PROTOTYPE_SPACES for column in prototype_columns(space).values()]
-    floats += [f"diag_{name}" for name in DIAGNOSTICS]
+    floats += ["projector_parameters", *(f"diag_{name}" for name in DIAGNOSTICS)]
     table[floats] = table[floats].astype(float)
     expected = list(range(len(table)))
     if table["session"].tolist() != expected:
@@ -77,8 +78,9 @@ def write_report(results: list[dict], metrics_path: Path, out_dir: Path, title: 
                  arrays: dict | None = None) -> dict:
     """Write metrics.json (with the prototype baselines' summaries under "prototype" when every session has them),
     out_dir/sessions.csv and the pictures: accuracy.png, diagnostics.png when the sessions have diagnostics, and
-    from `arrays` (the last session's diagnostics.npz) z_histogram.png and tsne.png; returns the summary."""
-    from pipeline.plots import plot_accuracy, plot_diagnostics, plot_tsne, plot_z_histogram
+    from `arrays` (the last session's diagnostics.npz) z_histogram.png, tsne.png and, for projectors that generate
+    B, b_maps.png; returns the summary."""
+    from pipeline.plots import plot_accuracy, plot_b_maps, plot_diagnostics, plot_tsne, plot_z_histogram
 
     table = session_table(results)
     summary = summarise(table)
@@ -95,5 +97,7 @@ def write_report(results: list[dict], metrics_path: Path, out_dir: Path, title: 
         last = int(table["session"].iloc[-1])
         plot_z_histogram(arrays, out_dir / "z_histogram.png", f"{title}\n||Z|| after session {last}")
         plot_tsne(arrays, out_dir / "tsne.png", f"{title}\ntest features after session {last}")
+        if "b_maps" in arrays:
+            plot_b_maps(arrays, out_dir / "b_maps.png", f"{title}\nactivation maps of B after session {last}")
     atomic_write_text(metrics_path, json.dumps(summary, indent=2) + "\n")
     return summary

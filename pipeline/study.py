@@ -88,8 +88,10 @@ def run_scores(sessions: pd.DataFrame, column: str = "acc") -> pd.DataFrame:
     for (variant, seed), run in sessions.sort_values("session").groupby(["variant", "seed"], sort=False):
         acc = run[column].astype(float).to_numpy()
         novel = run["novel_acc" if column == "acc" else column.replace("_acc", "_novel_acc")].astype(float)
+        params = run["projector_parameters"] if "projector_parameters" in run else pd.Series([float("nan")])
         out.append({"variant": variant, "seed": seed, "base": acc[0], "final": acc[-1], "avg": acc.mean(),
-                    "pd": acc[0] - acc[-1], "novel_s1": novel.iloc[1] if len(novel) > 1 else float("nan")})
+                    "pd": acc[0] - acc[-1], "novel_s1": novel.iloc[1] if len(novel) > 1 else float("nan"),
+                    "params": float(params.iloc[-1])})
     return pd.DataFrame(out)
 
 
@@ -98,21 +100,26 @@ def study_table(sessions: pd.DataFrame, variants: list[str], reference: str | No
     `reference` variant's runs (default: mamba_fscil when present, else the first variant)."""
     reference = reference or ("mamba_fscil" if "mamba_fscil" in variants else variants[0])
     method = run_scores(sessions)
-    proto = run_scores(sessions[sessions["variant"] == reference], "proto_backbone_acc").assign(variant=PROTOTYPE)
+    proto = run_scores(sessions[sessions["variant"] == reference], "proto_backbone_acc").assign(
+        variant=PROTOTYPE, params=float("nan"))  # no trained parameters
     scores = pd.concat([method, proto], ignore_index=True)
     order = [v for v in variants if v in set(scores["variant"])] + [PROTOTYPE]
     grouped = scores.groupby("variant", sort=False)
     table = grouped[[*SCORES, "novel_s1"]].agg(["mean", "std"]).reindex(order)
     table[("seeds", "n")] = grouped.size().reindex(order)
+    table[("params", "final")] = grouped["params"].max().reindex(order)  # the projector's, in the last session
     return table
 
 
 def table_markdown(table: pd.DataFrame) -> str:
     """The study table as markdown, `mean +- std` per score."""
-    head = "| variant | seeds | BASE | FINAL | AVG | PD | novel acc. after session 1 |\n|---|---|---|---|---|---|---|\n"
+    head = ("| variant | seeds | BASE | FINAL | AVG | PD | novel acc. after session 1 | projector parameters |\n"
+            "|---|---|---|---|---|---|---|---|\n")
     lines = []
     for variant, row in table.iterrows():
         cells = [f"{row[(s, 'mean')]:.2f} ± {row[(s, 'std')]:.2f}" for s in (*SCORES, "novel_s1")]
+        params = row[("params", "final")]
+        cells.append("-" if pd.isna(params) else f"{int(params):,}")
         lines.append(f"| {variant} | {int(row[('seeds', 'n')])} | " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
 

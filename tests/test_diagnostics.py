@@ -75,6 +75,27 @@ def test_diagnostics_equal_a_sample_by_sample_recomputation(tiny_run, session):
     np.testing.assert_allclose(arrays["features"], mu, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(arrays["z_rms"], np.sqrt(energy), rtol=1e-4)
     assert int(arrays["num_base"]) == num_base
+    # B activation maps: per token ||B_t|| of g_base and g_inc, each path's token back at its (row, column)
+    shown = arrays["b_labels"]
+    assert (shown < num_base).sum() >= 1 and (shown >= num_base).sum() >= 1
+    rows = [int(np.flatnonzero(labels == c)[0]) for c in shown]
+    f = torch.from_numpy(maps[rows])
+    h, w = maps.shape[2:]
+    for col, branch in enumerate((projector.g_base, projector.g_inc)):
+        with torch.no_grad():
+            b = branch(f, return_aux=True)[1]["B"].double().numpy()  # (n, K, L, d_state), scan order
+        k = b.shape[1]
+        expected = np.zeros((len(rows), h, w))
+        for path in range(k):
+            for t in range(h * w):  # the token path `path` visits at step t (pipeline/ops/cross_scan.py)
+                i = t if path == 0 else h * w - 1 - t if path == 1 else None
+                if path >= 2:
+                    j = t if path == 2 else h * w - 1 - t
+                    r, c = j % h, j // h
+                else:
+                    r, c = i // w, i % w
+                expected[:, r, c] += np.linalg.norm(b[:, path, t], axis=-1) / k
+        np.testing.assert_allclose(arrays["b_maps"][:, col], expected, rtol=1e-4, atol=1e-6)
 
 
 def test_report_carries_the_diagnostics_and_draws_every_picture(tiny_run):
@@ -87,7 +108,7 @@ def test_report_carries_the_diagnostics_and_draws_every_picture(tiny_run):
         row = table[table["session"] == session].iloc[0]
         assert all(row[f"diag_{k}"] == pytest.approx(v) for k, v in got.items())
     assert table.loc[table["session"] == 0, [f"diag_{k}" for k in DIAGNOSTICS]].isna().all().all()
-    for name in ("accuracy.png", "diagnostics.png", "z_histogram.png", "tsne.png"):
+    for name in ("accuracy.png", "diagnostics.png", "z_histogram.png", "tsne.png", "b_maps.png"):
         assert (paths.report / name).read_bytes()[:4] == b"\x89PNG", name
 
 

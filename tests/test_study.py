@@ -52,6 +52,12 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     mean = sessions[sessions.variant == "mamba_fscil"].groupby("seed")["acc"].mean().mean()
     assert table.loc["mamba_fscil", ("avg", "mean")] == pytest.approx(mean, abs=1e-3)
     assert (out / "accuracy.png").stat().st_size > 0 and (out / "table.md").is_file()
+    # the projector's parameter count of the last session (the expanding baseline's grows), none for the NCM row
+    count = int(sessions["projector_parameters"].dropna().iloc[-1])
+    assert table.loc["mamba_fscil", ("params", "final")] == count
+    md = (out / "table.md").read_text().splitlines()
+    assert next(line for line in md if line.startswith("| mamba_fscil")).endswith(f"| {count:,} |")
+    assert next(line for line in md if line.startswith(f"| {PROTOTYPE}")).endswith("| - |")
     # both variants have the same model and base sections: one base model per seed serves both
     assert len(list((tmp_path / "ablation.work" / "bases").iterdir())) == 2
 

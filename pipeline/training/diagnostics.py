@@ -12,7 +12,9 @@ them to choose anything. Base = classes of session 0, novel = the later ones see
 - `B_cosine`, `C_cosine`, `delta_cosine`: cos(P_bar_base, P_bar_novel) of the generated parameters averaged over
   each group, K and L (eq. parameter_base_novel without the absolute value), where the branch has them.
 The per-sample ||Z|| (its root mean square over L and D') and the final features go to `diagnostics.npz` for the
-report's histograms and t-SNE.
+report's histograms and t-SNE, with the activation maps of B (paper Fig. vis_cam): for a few base and novel test
+images, ||B_t|| per token of g_base and of g_inc, mapped back from each scan path to its spatial position and
+averaged over the K paths, (n, 2, H, W).
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.atomic import atomic_output
+from pipeline.ops.cross_scan import cross_merge
 from pipeline.report import ARRAYS_FILE
 from pipeline.store.feature_store import FeatureStore
+
+SHOWN_PER_GROUP = 4  # base and novel test images in the B activation maps
 
 PARAMS = ("B", "C", "delta")
 
@@ -36,6 +41,26 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _class_means(features: torch.Tensor, labels: torch.Tensor, classes: np.ndarray) -> torch.Tensor:
     return torch.stack([features[labels == c].mean(dim=0) for c in classes])
+
+
+def _shown(labels: np.ndarray, num_base: int, num_seen: int) -> np.ndarray:
+    """Rows of the first test image of the first base classes and of the newest novel classes."""
+    firsts = {int(c): int(np.flatnonzero(labels == c)[0]) for c in np.unique(labels)}
+    base = [firsts[c] for c in sorted(firsts) if c < num_base][:SHOWN_PER_GROUP]
+    novel = [firsts[c] for c in sorted(firsts, reverse=True) if c >= num_base][:SHOWN_PER_GROUP]
+    return np.array(base + novel[::-1], dtype=np.int64)
+
+
+def b_activation_maps(branch, f: torch.Tensor) -> torch.Tensor | None:
+    """||B_t|| per token of a branch, back at each token's spatial position and averaged over the K scan paths:
+    (n, H, W); None for a branch that generates no B."""
+    _, aux = branch(f, return_aux=True)
+    if "B" not in aux:
+        return None
+    n, k, length, _ = aux["B"].shape
+    h, w = f.shape[2:]
+    norms = aux["B"].norm(dim=-1).unsqueeze(2)  # (n, K, 1, L) in each path's scan order
+    return (cross_merge(norms, h, w) / k).view(n, h, w)
 
 
 @torch.no_grad()
@@ -71,7 +96,15 @@ def session_diagnostics(projector, classifier, store: FeatureStore, num_seen: in
                 per_sample = torch.cat(parts)
                 result[f"{key}_cosine"] = _cos(per_sample[is_base].mean(0), per_sample[~is_base].mean(0))
     if out_dir is not None:
+        arrays = {"labels": labels_np, "features": mu.float().numpy(), "z_rms": energy.sqrt().float().numpy(),
+                  "num_base": np.int64(num_base)}
+        shown = _shown(labels_np, num_base, num_seen)
+        f = torch.from_numpy(maps[shown]).to(device)
+        branches = [projector.g_base, projector.adapting_branch if projector.g_inc is None else projector.g_inc]
+        b_maps = [b_activation_maps(branch, f) for branch in branches]
+        if all(m is not None for m in b_maps):
+            arrays.update(b_maps=torch.stack(b_maps, dim=1).float().cpu().numpy(), b_labels=labels_np[shown],
+                          b_inputs=np.abs(maps[shown]).mean(axis=1))
         with atomic_output(Path(out_dir) / ARRAYS_FILE) as tmp, open(tmp, "wb") as fh:
-            np.savez(fh, labels=labels_np, features=mu.float().numpy(), z_rms=energy.sqrt().float().numpy(),
-                     num_base=np.int64(num_base))
+            np.savez(fh, **arrays)
     return result

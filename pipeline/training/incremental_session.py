@@ -216,6 +216,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     result = {"session": session, **metrics, "steps": steps, "train_samples": int(len(y_all)),
               "final_loss": history["loss"][-1] if steps else None, "history": history,
               "frozen_sha256": frozen_before, **prototype, "diagnostics": diagnostics,
+              "projector_parameters": sum(p.numel() for p in projector.parameters()),
               "seconds": round(time.time() - started, 2)}
     (out_dir / METRICS_FILE).write_text(json.dumps(result, indent=2))
     return result
