@@ -75,7 +75,7 @@ def plot_diagnostics(table: pd.DataFrame, path: Path, title: str) -> None:
         ax.plot(s, table["diag_z_energy_novel"], marker="o", color=NOVEL_COLOUR, label="novel inputs")
         if (table[["diag_z_energy_base", "diag_z_energy_novel"]] > 0).any().any():
             ax.set_yscale("log")
-        _sessions_axis(ax, s, "mean ||Z||² / (L D')", "gate activation of the adapting branch")
+        _sessions_axis(ax, s, "mean ||Z||² / (L D_inner)", "gate activation of the adapting branch")
         ax = axes[1, 1]
         for key, label in (("B", "B"), ("C", "C"), ("delta", "Δ")):
             column = f"diag_{key}_cosine"
@@ -98,7 +98,7 @@ def plot_z_histogram(arrays: dict, path: Path, title: str) -> None:
         ax.hist(z[is_base], bins=bins, alpha=0.6, density=True, color=BASE_COLOUR, label=f"base ({is_base.sum()})")
         ax.hist(z[~is_base], bins=bins, alpha=0.6, density=True, color=NOVEL_COLOUR,
                 label=f"novel ({(~is_base).sum()})")
-        ax.set_xlabel("||Z|| / sqrt(L D') per test image")
+        ax.set_xlabel("||Z|| / sqrt(L D_inner) per test image")
         ax.set_ylabel("density")
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
@@ -142,7 +142,7 @@ def plot_b_maps(arrays: dict, path: Path, title: str) -> None:
         for i in range(rows):
             group = "base" if labels[i] < num_base else "novel"
             panels = ((inputs[i], "backbone map |f|", None), (b_maps[i, 0], "||B|| of g_base", b_maps[i].max()),
-                      (b_maps[i, 1], "||B|| of g_inc", b_maps[i].max()))
+                      (b_maps[i, 1], f"||B|| of {arrays.get('b_adapting', 'g_inc')}", b_maps[i].max()))
             for j, (image, name, vmax) in enumerate(panels):
                 ax = axes[i, j]
                 shown = ax.imshow(image, cmap="viridis", vmin=0, vmax=vmax)

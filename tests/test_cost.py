@@ -8,6 +8,7 @@ import pandas as pd
 from pipeline.config import preset_model_config
 from pipeline.models.projector import Projector
 from pipeline.models.ss2d import BranchDims
+from stages.cli import _preset_map
 from tests.pipeline_fixtures import cli
 
 
@@ -22,7 +23,10 @@ def test_cost_curves_csv_and_plot(tmp_path):
     sessions = table[table["curve"] == "sessions"].set_index(["projector", "sessions"])["parameters"]
     assert sessions["dual_ssm"].nunique() == 1  # one g_inc whatever the number of sessions
     cfg, _ = preset_model_config("synthetic", {"projector": "mlp"})
-    branch = sum(p.numel() for p in Projector("mlp", 128, (2, 2), BranchDims.from_config(cfg)).g_inc.parameters())
+    channels, side = _preset_map("synthetic")
+    assert (table["channels"] == channels).all()
+    one = Projector("mlp", channels, (side, side), BranchDims.from_config(cfg))
+    branch = sum(p.numel() for p in one.g_inc.parameters())
     grown = sessions["expanding_mlp"].diff().dropna()
     assert (grown == branch).all()  # exactly one more MLP branch per session
     tokens = table[table["curve"] == "tokens"]

@@ -82,11 +82,16 @@ def test_extract_and_sessions_follow_the_memory_rule(tiny_run, tmp_path, kind, k
 
     out = tmp_path / "s1"
     result = train_session(cfg, 1, store_path, paths.base, None, out, show_progress=False)
-    memory = ClassMemory.from_tensors(load_checkpoint(out / STATE_FILE)[0])
     shots, shot_labels, _ = store.fewshot(1)
+    # the training set: the shots + each base class's k memory rows, base_copy times (eq. batch_split)
+    assert result["train_samples"] == len(shot_labels) + len(classes) * cfg.incremental.session_value("base_copy", 1)
+    memory = ClassMemory.from_tensors(load_checkpoint(out / STATE_FILE)[0])
     assert sorted(np.unique(memory.classes).tolist()) == sorted(np.unique(shot_labels).tolist())
     assert (np.bincount(memory.classes)[np.unique(shot_labels)] == min(k, np.bincount(shot_labels).max())).all()
     _rows_in(memory.maps, shots)  # each novel memory map is one of the session's own shots
+    # a session of another memory rule does not continue from this one
+    with pytest.raises(FSCILError, match="memory does not match"):
+        train_session(cfg, 2, paths.features, paths.base, out, tmp_path / "s2", show_progress=False)
     # the prototype baseline still uses class means: it equals the one of the mean-rule run
     mean_metrics = json.loads((paths.session(1) / "metrics.json").read_text())
     assert result["prototype"]["backbone"]["acc"] == mean_metrics["prototype"]["backbone"]["acc"]

@@ -35,7 +35,8 @@ def suppression_loss(z: torch.Tensor, is_base: torch.Tensor, lambda1: float, lam
 SUPPRESSION_TARGETS = {
     "z": lambda aux, mu_inc: aux["z"],
     "silu_z": lambda aux, mu_inc: F.silu(aux["z"]),
-    "mu_inc": lambda aux, mu_inc: mu_inc,
+    # g_inc's output; of the expanding baseline, the output of its newest branch (the earlier ones are frozen)
+    "mu_inc": lambda aux, mu_inc: aux.get("mu_newest", mu_inc),
 }
 
 

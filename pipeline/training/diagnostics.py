@@ -7,7 +7,7 @@ them to choose anything. Base = classes of session 0, novel = the later ones see
   head's weight row);
 - `base_novel_similarity`: mean cosine between a base class's mean feature and a novel class's mean feature, over
   all (base, novel) pairs;
-- `z_energy_base` / `z_energy_novel`: mean ||Z||^2 / (L D') of the adapting branch (g_inc; g_base for single_ssm)
+- `z_energy_base` / `z_energy_novel`: mean ||Z||^2 / (L D_inner) of the adapting branch (g_inc; g_base for single_ssm)
   on base / novel test inputs, the quantity eq. loss_supp acts on;
 - `B_cosine`, `C_cosine`, `delta_cosine`: cos(P_bar_base, P_bar_novel) of the generated parameters averaged over
   each group, K and L (eq. parameter_base_novel without the absolute value), where the branch has them.
@@ -104,7 +104,8 @@ def session_diagnostics(projector, classifier, store: FeatureStore, num_seen: in
         b_maps = [b_activation_maps(branch, f) for branch in branches]
         if all(m is not None for m in b_maps):
             arrays.update(b_maps=torch.stack(b_maps, dim=1).float().cpu().numpy(), b_labels=labels_np[shown],
-                          b_inputs=np.abs(maps[shown]).mean(axis=1))
+                          b_inputs=np.abs(maps[shown]).mean(axis=1),
+                          b_adapting=np.str_("g_inc" if projector.g_inc is not None else "g_base (adapting)"))
         with atomic_output(Path(out_dir) / ARRAYS_FILE) as tmp, open(tmp, "wb") as fh:
             np.savez(fh, **arrays)
     return result

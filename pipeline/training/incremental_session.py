@@ -60,6 +60,12 @@ def base_parts_state(projector) -> dict:
             for key, value in module.state_dict().items()}
 
 
+def memory_tag(store: FeatureStore) -> str:
+    """The store's memory rule as recorded in session checkpoints ("mean:1", "sampled:4", ...)."""
+    kind, k = store.memory_rule
+    return f"{kind}:{k}"
+
+
 def _check_session(session: int, num_sessions: int, prev_dir: Path | None) -> None:
     if not 1 <= session < num_sessions:
         raise FSCILError(f"session {session} is out of range: the protocol has sessions 1..{num_sessions - 1}")
@@ -130,9 +136,10 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     num_base = int(store.attrs["num_base"])
     memory = ClassMemory.empty(store.map_shape)
     if session > 1:
-        state, _ = load_checkpoint(Path(prev_dir) / STATE_FILE, {"kind": "session", "session": session - 1,
-                                                                        "config": digest, "store": store.attrs[
-                                                                            "checkpoint_sha256"]})
+        # the previous session must come from this config, base checkpoint and memory rule
+        state, _ = load_checkpoint(Path(prev_dir) / STATE_FILE, {
+            "kind": "session", "session": session - 1, "config": digest, "store": store.attrs["checkpoint_sha256"],
+            "memory": memory_tag(store)})
         if not cfg.incremental.freeze_base:  # p_iden / g_base trained in the earlier sessions too
             projector.load_state_dict({**projector.state_dict(), **unprefixed(state, "projector")})
         projector.set_sessions(session - 1)  # the expanding baseline: one g_inc branch per earlier session
@@ -211,6 +218,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     state.update(memory.to_tensors())
     save_checkpoint(out_dir / STATE_FILE, state, {
         "kind": "session", "session": session, "config": digest, "store": store.attrs["checkpoint_sha256"],
+        "memory": memory_tag(store),
         "frozen_sha256": frozen_before, "num_seen": num_seen,
     })
     result = {"session": session, **metrics, "steps": steps, "train_samples": int(len(y_all)),
