@@ -247,10 +247,10 @@ def model_summary(
             typer.echo(f"{name:<12}{row['parameters']:>14,}{row['trains_in']:>26}")
         typer.echo(f"{'total':<12}{first['total_parameters']:>14,}")
         return
-    typer.echo(f"{'component':<12}" + "".join(f"{s['model']['projector']:>13}" for s in summaries))
+    typer.echo(f"{'component':<12}" + "".join(f"{s['model']['projector']:>15}" for s in summaries))
     for name in first["components"]:
-        typer.echo(f"{name:<12}" + "".join(f"{s['components'][name]['parameters']:>13,}" for s in summaries))
-    typer.echo(f"{'total':<12}" + "".join(f"{s['total_parameters']:>13,}" for s in summaries))
+        typer.echo(f"{name:<12}" + "".join(f"{s['components'][name]['parameters']:>15,}" for s in summaries))
+    typer.echo(f"{'total':<12}" + "".join(f"{s['total_parameters']:>15,}" for s in summaries))
 
 
 @model_app.command("benchmark")

@@ -24,7 +24,7 @@ def _assert_one_line_error(result, *needles: str) -> None:
     ("incremental", {"lr": -1.0}, ["incremental.lr", "> 0"]),
     ("model", {"dimm": 8}, ["unknown key model.dimm"]),
     ("model", {"k_paths": 3}, ["model.k_paths", "1, 2 or 4"]),
-    ("model", {"projector": "transformer"}, ["model.projector", "dual_ssm"]),
+    ("model", {"projector": "rnn"}, ["model.projector", "dual_ssm"]),
     ("incremental", {"suppression": "norm"}, ["incremental.suppression"]),
     ("incremental", {"replay": "all"}, ["incremental.replay", "mean or shots"]),
     ("data", {"dataset": "imagenet"}, ["data.dataset"]),
