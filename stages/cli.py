@@ -293,7 +293,7 @@ def model_cost(
     import torch
 
     from pipeline.atomic import atomic_output
-    from pipeline.models.benchmark import cost_curves, plot_cost_curves
+    from pipeline.models.benchmark import cost_curves, plot_cost_curves, preset_map
 
     try:
         side_list = [int(v) for v in sides.split(",")]
@@ -302,7 +302,7 @@ def model_cost(
     if min(side_list) < 1 or sessions < 1 or batch < 1 or repeats < 1:
         _fail("--sides, --sessions, --batch and --repeats must be >= 1", FSCILError.exit_code)
     if channels is None or side is None:
-        summary = _run("model cost", _preset_map, preset, timed=False)
+        summary = _run("model cost", preset_map, preset, timed=False)
         channels, side = channels or summary[0], side or summary[1]
     threads = torch.get_num_threads()
     table = _run("model cost", cost_curves, preset, {}, projectors.split(","), channels, side, sessions, side_list,
@@ -313,18 +313,6 @@ def model_cost(
     plot_cost_curves(table, out / "cost.png", f"projector cost, {preset} widths, {channels} channels, batch {batch}, "
                      f"{device} ({threads} threads)")
     typer.echo(f"wrote {out / 'cost.csv'} and {out / 'cost.png'}")
-
-
-def _preset_map(preset: str) -> tuple[int, int]:
-    """(channels, side) of the preset backbone's map at the preset's input size."""
-    from pipeline.config import preset_model_config
-    from pipeline.data.presets import get_preset
-    from pipeline.models.fscil import build_backbone_from_config
-
-    model_cfg, merged = preset_model_config(preset, {})
-    size = get_preset(merged["data"].get("dataset", "synthetic"), merged["data"].get("image_size")).input_size
-    backbone = build_backbone_from_config(model_cfg, size)
-    return backbone.out_channels, backbone.feature_hw(size)[0]
 
 
 _STATE = {"debug": False}  # set by the --debug option before any command runs

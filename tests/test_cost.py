@@ -6,9 +6,9 @@ from __future__ import annotations
 import pandas as pd
 
 from pipeline.config import preset_model_config
+from pipeline.models.benchmark import preset_map
 from pipeline.models.projector import Projector
 from pipeline.models.ss2d import BranchDims
-from stages.cli import _preset_map
 from tests.pipeline_fixtures import cli
 
 
@@ -23,7 +23,7 @@ def test_cost_curves_csv_and_plot(tmp_path):
     sessions = table[table["curve"] == "sessions"].set_index(["projector", "sessions"])["parameters"]
     assert sessions["dual_ssm"].nunique() == 1  # one g_inc whatever the number of sessions
     cfg, _ = preset_model_config("synthetic", {"projector": "mlp"})
-    channels, side = _preset_map("synthetic")
+    channels, side = preset_map("synthetic")
     assert (table["channels"] == channels).all()
     one = Projector("mlp", channels, (side, side), BranchDims.from_config(cfg))
     branch = sum(p.numel() for p in one.g_inc.parameters())

@@ -94,6 +94,17 @@ def _projector_costs(kind: str, cfg, channels: int, side: int, sessions: int, ba
             "inference_ms": round(_median_ms(infer, repeats), 3), "train_step_ms": round(_median_ms(step, repeats), 3)}
 
 
+def preset_map(preset: str) -> tuple[int, int]:
+    """(channels, side) of the preset backbone's map at the preset's input size."""
+    from pipeline.data.presets import get_preset
+    from pipeline.models.fscil import build_backbone_from_config
+
+    model_cfg, merged = preset_model_config(preset, {})
+    size = get_preset(merged["data"].get("dataset", "synthetic"), merged["data"].get("image_size")).input_size
+    backbone = build_backbone_from_config(model_cfg, size)
+    return backbone.out_channels, backbone.feature_hw(size)[0]
+
+
 def cost_curves(preset: str, overrides: dict, kinds: list[str], channels: int, side: int, max_sessions: int,
                 sides: list[int], batch: int, repeats: int, device: str = "cpu",
                 log: Callable[[str], None] | None = None) -> pd.DataFrame:

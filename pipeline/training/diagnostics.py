@@ -65,15 +65,17 @@ def b_activation_maps(branch, f: torch.Tensor) -> torch.Tensor | None:
 
 @torch.no_grad()
 def session_diagnostics(projector, classifier, store: FeatureStore, num_seen: int, num_base: int, device,
-                        batch_size: int, out_dir: Path | None = None) -> dict:
-    """The diagnostics above after a session; with out_dir, also writes out_dir/diagnostics.npz (labels, features
-    mu, per-sample z_rms)."""
+                        batch_size: int, out_dir: Path | None = None) -> tuple[dict, np.ndarray, np.ndarray]:
+    """(the diagnostics above, predicted classes, labels) of the test maps of the classes seen so far, from one pass
+    of the projector (logits masked to the seen classes: the session's accuracy comes from the same pass); with
+    out_dir, also writes out_dir/diagnostics.npz (labels, features mu, per-sample z_rms, B maps)."""
     projector.eval()
     classifier.eval()
     maps, labels_np = store.test_set(max_label=num_seen)
-    feats, z_energy, sums = [], [], {key: [] for key in PARAMS}
+    feats, preds, z_energy, sums = [], [], [], {key: [] for key in PARAMS}
     for i in range(0, len(labels_np), batch_size):
         out = projector(torch.from_numpy(maps[i:i + batch_size]).to(device), mode="incremental", return_aux=True)
+        preds.append(classifier(out.mu, num_seen).argmax(dim=1).cpu())
         feats.append(out.mu.double().cpu())
         z_energy.append(out.aux["z"].double().pow(2).flatten(1).mean(dim=1).cpu())
         for key in PARAMS:
@@ -108,4 +110,5 @@ def session_diagnostics(projector, classifier, store: FeatureStore, num_seen: in
                           b_adapting=np.str_("g_inc" if projector.g_inc is not None else "g_base (adapting)"))
         with atomic_output(Path(out_dir) / ARRAYS_FILE) as tmp, open(tmp, "wb") as fh:
             np.savez(fh, **arrays)
-    return result
+    pred = torch.cat(preds).numpy() if preds else np.zeros(0, dtype=np.int64)
+    return result, pred, labels_np

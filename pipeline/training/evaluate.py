@@ -11,8 +11,6 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
-from pipeline.store.feature_store import FeatureStore
-
 
 @torch.no_grad()
 def predict(logits_fn: Callable[[torch.Tensor], torch.Tensor], batches: Iterable[torch.Tensor]) -> np.ndarray:
@@ -40,15 +38,3 @@ def session_metrics(pred: np.ndarray, labels: np.ndarray, num_base: int, num_see
         "num_seen_classes": int(num_seen),
         "per_class_acc": per_class,
     }
-
-
-@torch.no_grad()
-def evaluate_session(projector, classifier, store: FeatureStore, num_seen: int, num_base: int, device,
-                     batch_size: int) -> dict:
-    """Accuracy on every stored test map of the classes seen so far (logits masked to them)."""
-    projector.eval()
-    classifier.eval()
-    maps, labels = store.test_set(max_label=num_seen)
-    batches = (torch.from_numpy(maps[i:i + batch_size]).to(device) for i in range(0, len(labels), batch_size))
-    pred = predict(lambda f: classifier(projector(f, mode="incremental").mu, num_seen), batches)
-    return session_metrics(pred, labels, num_base, num_seen)

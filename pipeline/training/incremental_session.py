@@ -33,7 +33,7 @@ from pipeline.store.memory import ClassMemory
 from pipeline.training.base_model import MODEL_FILE, config_digest
 from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed
 from pipeline.training.diagnostics import session_diagnostics
-from pipeline.training.evaluate import evaluate_session
+from pipeline.training.evaluate import session_metrics
 from pipeline.training.prototype import base_prototype_metrics, prototype_metrics
 from pipeline.training.schedule import set_lr, warmup_cosine
 
@@ -201,9 +201,11 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    metrics = evaluate_session(projector, classifier, store, num_seen, num_base, device, inc.eval_batch_size)
-    diagnostics = session_diagnostics(projector, classifier, store, num_seen, num_base, device,
-                                      inc.eval_batch_size, out_dir)  # analysis only: nothing reads them to choose
+    # one pass over the test maps: the session's accuracy, and the diagnostics (analysis only: nothing reads them
+    # to choose anything)
+    diagnostics, pred, labels = session_diagnostics(projector, classifier, store, num_seen, num_base, device,
+                                                    inc.eval_batch_size, out_dir)
+    metrics = session_metrics(pred, labels, num_base, num_seen)
     prototype = {"prototype": prototype_metrics(projector, store, session, num_seen, num_base, device,
                                                 inc.eval_batch_size)}
     if session == 1:  # the base stage has no feature store: session 1 reports the base session's NCM baseline
