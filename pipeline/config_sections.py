@@ -356,6 +356,11 @@ class SelectionConfig(SectionConfig):
     """Stage 0 candidates of incremental.copy (empty: keep the configured value)."""
     base_copy: list[list[int]] = field(default_factory=list)
     """Stage 0 candidates of incremental.base_copy (empty: keep the configured value)."""
+    memory: list[str] = field(default_factory=list)
+    """Stage 0 candidates of extract.memory (the paper's memory ablation; empty: keep the configured value). Each
+    extracts its own feature store from the shared pseudo base model."""
+    memory_k: list[int] = field(default_factory=list)
+    """Stage 0 candidates of extract.memory_k, after extract.memory (empty: keep the configured value)."""
     freeze_base: list[bool] = field(default_factory=lambda: [True, False])
     """Stage 1a candidates of incremental.freeze_base."""
     suppression: list[str] = field(default_factory=lambda: ["z", "silu_z", "mu_inc"])
@@ -392,6 +397,9 @@ class SelectionConfig(SectionConfig):
         check(all(c >= 0 for c in self.copy), "selection", "copy", "must be >= 0")
         for values in self.base_copy:
             check(len(values) >= 1 and min(values) >= 0, "selection", "base_copy", "must list copy schedules of >= 0")
+        from pipeline.store.memory import MEMORY_KINDS
+        check(set(self.memory) <= set(MEMORY_KINDS), "selection", "memory", f"must be a list of {', '.join(MEMORY_KINDS)}")
+        check(all(k >= 1 for k in self.memory_k), "selection", "memory_k", "must list values >= 1")
         for key in ("freeze_base", "suppression", "k_paths", "inc_init", "lambda1", "lambda2", "lambda3"):
             values = getattr(self, key)
             check(len(values) >= 1, "selection", key, "must list at least one candidate")

@@ -10,7 +10,7 @@ incremental.inc_init), with lambda1 at its configured value and lambda2 = lambda
 (lambda2 = lambda3 = 0), then lambda2 (lambda3 = 0), then lambda3. Optional stages, not in the paper, come first
 when candidates are given: the base training (base.epochs, lr, dr_scale, weight_decay; each candidate trains its own
 pseudo base model), then the session schedule and training set (incremental.steps, mixup_prob, replay, copy,
-base_copy). A tie keeps the configured value, else the earliest candidate. With selection.protocols > 1 a candidate
+base_copy, and the memory, extract.memory and memory_k). A tie keeps the configured value, else the earliest candidate. With selection.protocols > 1 a candidate
 scores its mean pseudo AVG over that many pseudo protocols (seeds selection.seed, seed + 1, ...).
 """
 
@@ -46,8 +46,9 @@ from pipeline.training.incremental_session import train_session
 PSEUDO_PACK = "pseudo_pack.h5"
 RESULTS_FILE = "results.json"  # candidate results by candidate key, kept in the work dir across runs
 SCORES = ("avg", "final", "pd", "base")
-# what (with the seed and the pseudo pack) a candidate's result, and a base model + its feature store, depend on
+# what (with the seed and the pseudo pack) a candidate's result, a base model and a feature store depend on
 CANDIDATE_SECTIONS = ("data", "model", "base", "extract", "incremental")
+BASE_SECTIONS = ("data", "model", "base")
 STORE_SECTIONS = ("data", "model", "base", "extract")
 
 
@@ -146,13 +147,15 @@ def run_candidate(cfg: Config, pseudo_pack_path: Path, work_dir: Path, base_cach
     """Train and evaluate `cfg` on an image pack (the pseudo pack, or a real one for studies); returns
     {"avg", "final", "pd", "base", "sessions"} (in %), the prototype baselines' summaries and the session table.
 
-    The base model and feature store live in base_cache/<key> (key: the pack and the data/model/base/extract
-    sections), so candidates that differ only in `incremental` share them; the sessions go to `work_dir`.
+    The base model lives in base_cache/<key>/base (key: the pack and the data/model/base sections) and its feature
+    stores in base_cache/<key>/stores/<key with extract>, so candidates that differ only in `incremental` share
+    both and candidates that differ in `extract` (the memory) share the base model; the sessions go to `work_dir`.
     """
     with ImagePack.open(pseudo_pack_path) as pack:
         pack_hash, num_sessions = pack.content_hash, pack.protocol.num_sessions
-    cache = Path(base_cache) / _key(cfg, STORE_SECTIONS, pack_hash)
-    base_dir, store = cache / "base", cache / "features.zarr"
+    cache = Path(base_cache) / _key(cfg, BASE_SECTIONS, pack_hash)
+    base_dir = cache / "base"
+    store = cache / "stores" / _key(cfg, STORE_SECTIONS, pack_hash) / "features.zarr"
     if not (base_dir / MODEL_FILE).is_file():
         with atomic_output(base_dir, directory=True) as tmp:
             train_base(cfg, pseudo_pack_path, tmp, cache / "base.resume", show_progress=False)
@@ -180,6 +183,8 @@ def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str
             for key in ("epochs", "lr", "dr_scale", "weight_decay") if getattr(sel, f"base_{key}")]
     schedule = [("schedule", f"incremental.{key}", getattr(sel, key), no_aux)
                 for key in ("steps", "mixup_prob", "replay", "copy", "base_copy") if getattr(sel, key)]
+    schedule += [("schedule", f"extract.{key}", getattr(sel, key), no_aux)
+                 for key in ("memory", "memory_k") if getattr(sel, key)]
     return base + schedule + [
         ("architecture", "incremental.freeze_base", sel.freeze_base, no_aux),
         ("architecture", "incremental.suppression", sel.suppression, no_aux),

@@ -185,7 +185,7 @@ def test_selection_follows_the_paper_order(real_pack, tmp_path, monkeypatch):
 def test_unfrozen_base_parts_train_and_carry_over(selection_run, tmp_path):
     cfg = selection_run.runs[0]  # freeze_base true: the config the pseudo base model was trained with
     cache = next((selection_run.work / "bases").iterdir())
-    base_dir, store = cache / "base", cache / "features.zarr"
+    base_dir, (store,) = cache / "base", [s / "features.zarr" for s in (cache / "stores").iterdir()]
     tensors, meta = load_checkpoint(base_dir / MODEL_FILE)
     c, h, w = FeatureStore.open(store).map_shape
     projector, _ = build_head(cfg.model, c, (h, w), meta["num_classes"])
@@ -246,6 +246,29 @@ def test_schedule_stage_comes_first_and_only_when_asked():
     assert [(stage, key) for stage, key, _, _ in selection.selection_order(sets)[:4]] == [
         ("base", "base.epochs"), ("base", "base.dr_scale"), ("schedule", "incremental.steps"),
         ("architecture", "incremental.freeze_base")]
+    # the memory (paper's memory ablation) is part of the training set: after base_copy, before the architecture
+    sets = SelectionConfig(base_copy=[[1], [5]], memory=["mean", "sampled"], memory_k=[2, 4])
+    assert [key for _, key, _, _ in selection.selection_order(sets)[:4]] == [
+        "incremental.base_copy", "extract.memory", "extract.memory_k", "incremental.freeze_base"]
+
+
+def test_memory_candidates_share_the_base_model_and_get_their_own_store(real_pack, tmp_path, monkeypatch):
+    """extract.memory candidates train one pseudo base model between them (the base does not depend on the memory)
+    and each extracts its own feature store, whose memory follows the candidate's rule."""
+    params, paths = real_pack
+    trained = []
+    train_base = selection.train_base
+    monkeypatch.setattr(selection, "train_base", lambda cfg, *a, **k: trained.append(cfg) or train_base(cfg, *a, **k))
+    sets = SelectionConfig(**{**TINY_SELECTION, "freeze_base": [True], "memory": ["mean", "sampled"]})
+    result = selection.select(load_config(params), paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    assert len(trained) == 1
+    (base,) = (tmp_path / "work" / "bases").iterdir()
+    stores = sorted((base / "stores").iterdir())
+    assert len(stores) == 2  # mean, sampled
+    rules = sorted(FeatureStore.open(s / "features.zarr").memory_rule[0] for s in stores)
+    assert rules == ["mean", "sampled"]
+    assert [r["value"] for r in result["rows"] if r["key"] == "extract.memory"] == ["mean", "sampled"]
+    assert result["chosen"]["extract.memory"] in ("mean", "sampled")
 
 
 def test_base_stage_candidates_each_train_their_own_base_model(real_pack, tmp_path):
