@@ -398,7 +398,8 @@ class SelectionConfig(SectionConfig):
         for values in self.base_copy:
             check(len(values) >= 1 and min(values) >= 0, "selection", "base_copy", "must list copy schedules of >= 0")
         from pipeline.store.memory import MEMORY_KINDS
-        check(set(self.memory) <= set(MEMORY_KINDS), "selection", "memory", f"must be a list of {', '.join(MEMORY_KINDS)}")
+        check(set(self.memory) <= set(MEMORY_KINDS), "selection", "memory",
+              f"must be a list of {', '.join(MEMORY_KINDS)}")
         check(all(k >= 1 for k in self.memory_k), "selection", "memory_k", "must list values >= 1")
         for key in ("freeze_base", "suppression", "k_paths", "inc_init", "lambda1", "lambda2", "lambda3"):
             values = getattr(self, key)
