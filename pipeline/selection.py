@@ -39,7 +39,7 @@ from pipeline.data.protocol import FSCILProtocol
 from pipeline.data.sampling import draw_sessions, split_test
 from pipeline.errors import FSCILError
 from pipeline.report import session_table, summarise, summarise_prototypes
-from pipeline.training.base_model import MODEL_FILE, config_digest
+from pipeline.training.base_model import BASE_MODEL_SECTIONS, MODEL_FILE, config_digest
 from pipeline.training.base_session import train_base
 from pipeline.training.extract import extract_features
 from pipeline.training.incremental_session import train_session
@@ -49,8 +49,7 @@ RESULTS_FILE = "results.json"  # candidate results by candidate key, kept in the
 SCORES = ("avg", "final", "pd", "base")
 # what (with the seed and the pseudo pack) a candidate's result, a base model and a feature store depend on
 CANDIDATE_SECTIONS = ("data", "model", "base", "extract", "incremental")
-BASE_SECTIONS = ("data", "model", "base")
-STORE_SECTIONS = ("data", "model", "base", "extract")
+STORE_SECTIONS = (*BASE_MODEL_SECTIONS, "extract")
 
 
 # ---- the pseudo-incremental pack ---------------------------------------------------------------------------------
@@ -154,7 +153,7 @@ def run_candidate(cfg: Config, pseudo_pack_path: Path, work_dir: Path, base_cach
     """
     with ImagePack.open(pseudo_pack_path) as pack:
         pack_hash, num_sessions = pack.content_hash, pack.protocol.num_sessions
-    cache = Path(base_cache) / _key(cfg, BASE_SECTIONS, pack_hash)
+    cache = Path(base_cache) / _key(cfg, BASE_MODEL_SECTIONS, pack_hash)
     base_dir = cache / "base"
     store = cache / "stores" / _key(cfg, STORE_SECTIONS, pack_hash) / "features.zarr"
     if not (base_dir / MODEL_FILE).is_file():
@@ -182,10 +181,11 @@ def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str
     no_aux = {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
     base = [("base", f"base.{key}", getattr(sel, f"base_{key}"), no_aux)
             for key in ("epochs", "lr", "dr_scale", "weight_decay") if getattr(sel, f"base_{key}")]
-    schedule = [("schedule", f"incremental.{key}", getattr(sel, key), no_aux)
-                for key in ("steps", "mixup_prob", "replay", "copy", "base_copy") if getattr(sel, key)]
-    schedule += [("schedule", f"extract.{key}", getattr(sel, key), no_aux)
-                 for key in ("memory", "memory_k") if getattr(sel, key)]
+    schedule = [("schedule", f"{section}.{key}", getattr(sel, key), no_aux)
+                for section, key in (("incremental", "steps"), ("incremental", "mixup_prob"), ("incremental", "replay"),
+                                     ("incremental", "copy"), ("incremental", "base_copy"), ("extract", "memory"),
+                                     ("extract", "memory_k"))
+                if getattr(sel, key)]
     return base + schedule + [
         ("architecture", "incremental.freeze_base", sel.freeze_base, no_aux),
         ("architecture", "incremental.suppression", sel.suppression, no_aux),

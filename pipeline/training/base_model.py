@@ -12,9 +12,10 @@ from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.training.checkpoint import load_checkpoint
 
 MODEL_FILE = "model.safetensors"
+BASE_MODEL_SECTIONS = ("data", "model", "base")  # the config sections a base model depends on (with the seed)
 
 
-def config_digest(cfg, sections=("data", "model", "base")) -> str:
+def config_digest(cfg, sections=BASE_MODEL_SECTIONS) -> str:
     """A hash of the config sections that determine the base model (plus the seed)."""
     full = cfg.to_dict()
     blob = json.dumps({k: full[k] for k in ("seed", *sections)}, sort_keys=True)
