@@ -9,10 +9,10 @@ earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the 
 incremental.inc_init), with lambda1 at its configured value and lambda2 = lambda3 = 0; stage 2 lambda1
 (lambda2 = lambda3 = 0), then lambda2 (lambda3 = 0), then lambda3. Optional stages, not in the paper, come first
 when candidates are given: the base training (base.epochs, lr, dr_scale, weight_decay; each candidate trains its own
-pseudo base model), then the session schedule and training set (incremental.steps, mixup_prob, replay, copy,
-base_copy, and the memory: extract.memory, memory_k). A tie keeps the configured value, else the earliest
-candidate. With selection.protocols > 1 a candidate scores its mean pseudo AVG over that many pseudo protocols
-(seeds selection.seed, seed + 1, ...).
+pseudo base model), then the session schedule and training set (incremental.steps, mixup_prob, the memory:
+extract.memory, memory_k, then replay, copy, base_copy; these keys interact, so their stage repeats until a pass
+changes nothing). A tie keeps the configured value, else the earliest candidate. With selection.protocols > 1 a
+candidate scores its mean pseudo AVG over that many pseudo protocols (seeds selection.seed, seed + 1, ...).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ SCORES = ("avg", "final", "pd", "base")
 # what (with the seed and the pseudo pack) a candidate's result, a base model and a feature store depend on
 CANDIDATE_SECTIONS = ("data", "model", "base", "extract", "incremental")
 STORE_SECTIONS = (*BASE_MODEL_SECTIONS, "extract")
+SCHEDULE_PASSES = 3  # passes over the training-set keys (stage "schedule") at most; the first unchanged pass ends it
 
 
 # ---- the pseudo-incremental pack ---------------------------------------------------------------------------------
@@ -140,6 +141,8 @@ def with_values(cfg: Config, values: dict[str, Any]) -> Config:
 
 
 def _key(cfg: Config, sections: tuple[str, ...], pack_hash: str) -> str:
+    if cfg.extract.memory != "sampled":  # memory_k counts the maps of the sampled rule only: the same store otherwise
+        cfg = with_values(cfg, {"extract.memory_k": 1})
     return hashlib.sha256(f"{pack_hash}:{config_digest(cfg, sections)}".encode()).hexdigest()[:16]
 
 
@@ -181,10 +184,12 @@ def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str
     no_aux = {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
     base = [("base", f"base.{key}", getattr(sel, f"base_{key}"), no_aux)
             for key in ("epochs", "lr", "dr_scale", "weight_decay") if getattr(sel, f"base_{key}")]
+    # the memory before what is built from it: replay and copy act on the earlier classes' memory rows, base_copy
+    # repeats the base classes' memory rows (so its best value depends on how many rows a class keeps)
     schedule = [("schedule", f"{section}.{key}", getattr(sel, key), no_aux)
-                for section, key in (("incremental", "steps"), ("incremental", "mixup_prob"), ("incremental", "replay"),
-                                     ("incremental", "copy"), ("incremental", "base_copy"), ("extract", "memory"),
-                                     ("extract", "memory_k"))
+                for section, key in (("incremental", "steps"), ("incremental", "mixup_prob"), ("extract", "memory"),
+                                     ("extract", "memory_k"), ("incremental", "replay"), ("incremental", "copy"),
+                                     ("incremental", "base_copy"))
                 if getattr(sel, key)]
     return base + schedule + [
         ("architecture", "incremental.freeze_base", sel.freeze_base, no_aux),
@@ -195,6 +200,17 @@ def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str
         ("loss_weights", "incremental.lambda2", sel.lambda2, {"incremental.lambda3": 0.0}),
         ("loss_weights", "incremental.lambda3", sel.lambda3, {}),
     ]
+
+
+def stage_groups(order: list[tuple[str, str, list, dict[str, Any]]]) -> list[tuple[str, list]]:
+    """`selection_order` cut into runs of one stage: [(stage, [its entries in order])]."""
+    groups: list[tuple[str, list]] = []
+    for entry in order:
+        if groups and groups[-1][0] == entry[0]:
+            groups[-1][1].append(entry)
+        else:
+            groups.append((entry[0], [entry]))
+    return groups
 
 
 def choose(values: list, scores: list[float], configured: Any) -> Any:
@@ -283,7 +299,8 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
     results: dict[str, dict] = json.loads(results_path.read_text()) if results_path.is_file() else {}
     chosen: dict[str, Any] = {}
     rows: list[dict] = []
-    for stage, key, values, held in selection_order(sel):
+    def choose_key(stage: str, key: str, values: list, held: dict[str, Any]) -> None:
+        """Run every candidate of `key` (the earlier choices fixed), record their rows and the chosen value."""
         scores = []
         for value in values:
             cand = with_values(cfg, {**held, **chosen, key: value})
@@ -307,6 +324,19 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
         for row in rows[-len(values):]:
             row["chosen"] = row["value"] == chosen[key]
         say(f"chosen {key}={chosen[key]}")
+
+    for stage, group in stage_groups(selection_order(sel)):
+        # the training-set keys interact (base_copy repeats the memory's rows, replay picks what stands for a class),
+        # so their stage repeats, each key chosen again with the others at their new values, until a pass changes
+        # nothing (cached candidates cost nothing); every other stage is one pass, in the paper's order
+        for n in range(SCHEDULE_PASSES if stage == "schedule" and len(group) > 1 else 1):
+            before = dict(chosen)
+            for _, key, values, held in group:
+                if key == "extract.memory_k" and with_values(cfg, chosen).extract.memory != "sampled":
+                    continue  # k is the number of maps of the sampled rule only: nothing to choose
+                choose_key(stage if n == 0 else f"{stage} (pass {n + 1})", key, values, held)
+            if n > 0 and chosen == before:
+                break
 
     out_dir.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out_dir / "selection.csv", index=False)

@@ -4,6 +4,7 @@ incremental.freeze_base=false training p_iden/g_base across sessions."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from types import SimpleNamespace
 
@@ -246,10 +247,51 @@ def test_schedule_stage_comes_first_and_only_when_asked():
     assert [(stage, key) for stage, key, _, _ in selection.selection_order(sets)[:4]] == [
         ("base", "base.epochs"), ("base", "base.dr_scale"), ("schedule", "incremental.steps"),
         ("architecture", "incremental.freeze_base")]
-    # the memory (paper's memory ablation) is part of the training set: after base_copy, before the architecture
-    sets = SelectionConfig(base_copy=[[1], [5]], memory=["mean", "sampled"], memory_k=[2, 4])
-    assert [key for _, key, _, _ in selection.selection_order(sets)[:4]] == [
-        "incremental.base_copy", "extract.memory", "extract.memory_k", "incremental.freeze_base"]
+    # the memory (paper's memory ablation) is part of the training set: before replay / base_copy, which act on its
+    # rows, and before the architecture
+    sets = SelectionConfig(base_copy=[[1], [5]], replay=["mean", "shots"], memory=["mean", "sampled"],
+                           memory_k=[2, 4])
+    assert [key for _, key, _, _ in selection.selection_order(sets)[:5]] == [
+        "extract.memory", "extract.memory_k", "incremental.replay", "incremental.base_copy",
+        "incremental.freeze_base"]
+
+
+def test_training_set_keys_repeat_until_a_pass_changes_nothing(real_pack, tmp_path, monkeypatch):
+    """Interacting training-set keys: one greedy pass would stop at (mean, mean, [5]); the repeated passes reach
+    (sampled, k 4, shots, [1]), memory_k is not tried while the memory is the class mean, and a pass that changes
+    nothing ends the stage."""
+    params, paths = real_pack
+    cfg = load_config(params)  # configured: memory mean, replay mean, base_copy [1]
+    table = {("mean", "mean", (1,)): 0.0, ("sampled", "mean", (1,)): -1.0, ("mean", "shots", (1,)): -0.5,
+             ("mean", "mean", (5,)): 1.0, ("sampled", "mean", (5,)): 2.0, ("sampled", "shots", (5,)): 4.0,
+             ("sampled", "shots", (1,)): 5.0, ("mean", "shots", (5,)): 0.5}
+    calls: list = []
+
+    def run(cand, pseudo_pack_path, work_dir, base_cache):
+        inc, ext = cand.incremental, cand.extract
+        key = (ext.memory, inc.replay, tuple(inc.base_copy))
+        calls.append((*key, ext.memory_k, json.dumps(cand.to_dict(), sort_keys=True)))
+        avg = table[key] + (ext.memory_k == 4 if ext.memory == "sampled" else 0.0)
+        return {"avg": avg, "final": avg, "pd": 0.0, "base": 50.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    sets = SelectionConfig(memory=["mean", "sampled"], memory_k=[2, 4], replay=["mean", "shots"],
+                           base_copy=[[1], [5]], freeze_base=[False], suppression=["z"], k_paths=[4],
+                           inc_init=["random"], lambda1=[10.0], lambda2=[0.0], lambda3=[0.0])
+    result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+
+    chosen = result["chosen"]
+    assert (chosen["extract.memory"], chosen["extract.memory_k"], chosen["incremental.replay"],
+            chosen["incremental.base_copy"]) == ("sampled", 4, "shots", [1])
+    stages = [(row["stage"], row["key"]) for row in result["rows"]]
+    # pass 1 skips memory_k (the memory is the mean); pass 2 changes every key; pass 3 changes none and ends it
+    assert stages[:6] == [("schedule", "extract.memory")] * 2 + [("schedule", "incremental.replay")] * 2 + [
+        ("schedule", "incremental.base_copy")] * 2
+    assert [s for s, _ in stages].count("schedule (pass 2)") == 8
+    assert [s for s, _ in stages].count("schedule (pass 3)") == 8
+    assert not any(s.startswith("schedule (pass 4") for s, _ in stages)
+    assert all(memory == "sampled" or k == cfg.extract.memory_k for memory, _, _, k, _ in calls)
+    assert len(calls) == len(set(calls))  # a candidate seen in an earlier pass is read from the cache
 
 
 def test_memory_candidates_share_the_base_model_and_get_their_own_store(real_pack, tmp_path, monkeypatch):
@@ -361,3 +403,12 @@ def test_a_key_whose_every_candidate_diverges_is_an_error(real_pack, tmp_path, m
     sets = dataclasses.replace(sets, lambda3=[0.0, 0.1])
     assert selection.select(cfg, paths.pack, tmp_path / "out", sets,
                             work_dir=tmp_path / "work2")["chosen"]["incremental.lambda3"] == 0.0
+
+
+def test_memory_k_keys_a_store_only_under_the_sampled_rule(real_pack):
+    cfg = load_config(real_pack[0])
+    key = {(memory, k): selection._key(selection.with_values(cfg, {"extract.memory": memory, "extract.memory_k": k}),
+                                       selection.STORE_SECTIONS, "pack")
+           for memory in ("mean", "random", "sampled") for k in (2, 4)}
+    assert key["mean", 2] == key["mean", 4] and key["random", 2] == key["random", 4]
+    assert key["sampled", 2] != key["sampled", 4] and len({key["mean", 2], key["random", 2], key["sampled", 2]}) == 3
