@@ -68,16 +68,24 @@ def test_session_metrics_cover_exactly_the_seen_classes(tiny_run):
         assert m["base_acc"] == pytest.approx(float((per[:8] * counts[:8]).sum() / counts[:8].sum()), abs=1e-3)
 
 
-def test_memory_grows_by_the_new_class_means(tiny_run):
+def test_memory_grows_by_the_new_classes_under_the_store_rule(tiny_run):
     _, _, paths = tiny_run
     store = FeatureStore.open(paths.features)
+    kind, k = store.memory_rule
     state, meta = load_checkpoint(paths.session(2) / "state.safetensors")
     mem_maps, mem_classes = state["memory.maps"].numpy(), state["memory.classes"].numpy()
-    assert mem_classes.tolist() == [8, 9, 10, 11]
+    assert sorted(set(mem_classes.tolist())) == [8, 9, 10, 11]
     for session in (1, 2):
         maps, labels, _ = store.fewshot(session)
         for c in np.unique(labels):
-            np.testing.assert_allclose(mem_maps[mem_classes == c][0], maps[labels == c].mean(0), rtol=1e-6)
+            kept, shots = mem_maps[mem_classes == c], maps[labels == c]
+            if kind == "mean":  # eq. memory: one class-mean map
+                assert len(kept) == 1
+                np.testing.assert_allclose(kept[0], shots.mean(0), rtol=1e-6)
+            else:  # random / sampled: min(k, shots) distinct shots of the class, as stored
+                assert len(kept) == min(1 if kind == "random" else k, len(shots))
+                hits = [int(np.flatnonzero((shots == row).all(axis=(1, 2, 3)))[0]) for row in kept]
+                assert len(set(hits)) == len(kept)
 
 
 def test_frozen_parts_unchanged_bit_for_bit(tiny_run):

@@ -29,8 +29,8 @@ from tests.pipeline_fixtures import cli, run_stage, write_params
 # of the 8 base classes: 4 pseudo-base + 2 pseudo sessions x 2 ways; one candidate per factor but two for
 # freeze_base, so the whole selection trains one tiny base model and four candidates
 TINY_SELECTION = {"sessions": 2, "protocols": 1, "freeze_base": [True, False], "suppression": ["z"], "k_paths": [4],
-                  "inc_init": ["random"], "steps": [], "mixup_prob": [], "replay": [], "copy": [], "base_copy": [],
-                  "lambda1": [10.0], "lambda2": [0.1], "lambda3": [0.1]}
+                  "inc_init": ["random"], "steps": [], "mixup_prob": [], "memory": [], "memory_k": [], "replay": [],
+                  "copy": [], "base_copy": [], "lambda1": [10.0], "lambda2": [0.1], "lambda3": [0.1]}
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +261,10 @@ def test_training_set_keys_repeat_until_a_pass_changes_nothing(real_pack, tmp_pa
     (sampled, k 4, shots, [1]), memory_k is not tried while the memory is the class mean, and a pass that changes
     nothing ends the stage."""
     params, paths = real_pack
-    cfg = load_config(params)  # configured: memory mean, replay mean, base_copy [1]
+    cfg = load_config(params)
+    cfg = dataclasses.replace(  # start from memory mean, replay mean, base_copy [1], whatever the preset says
+        cfg, extract=dataclasses.replace(cfg.extract, memory="mean", memory_k=1),
+        incremental=dataclasses.replace(cfg.incremental, replay="mean", base_copy=[1]))
     table = {("mean", "mean", (1,)): 0.0, ("sampled", "mean", (1,)): -1.0, ("mean", "shots", (1,)): -0.5,
              ("mean", "mean", (5,)): 1.0, ("sampled", "mean", (5,)): 2.0, ("sampled", "shots", (5,)): 4.0,
              ("sampled", "shots", (1,)): 5.0, ("mean", "shots", (5,)): 0.5}

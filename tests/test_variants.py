@@ -11,6 +11,7 @@ ROWS = {  # paper table "ablation": (projector, class-sensitive losses on?)
     "mlp_baseline": ("mlp", False),
     "single_ssm": ("single_ssm", False),
     "dual_ssm": ("dual_ssm", False),
+    "dual_ssm_frozen": ("dual_ssm", False),
     "mamba_fscil": ("dual_ssm", True),
 }
 CPU_PRESETS = ("synthetic", "omniglot")
@@ -61,3 +62,15 @@ def test_single_branch_with_class_sensitive_losses_is_a_config_error():
     # it would suppress Z of g_base, the branch that carries the base classes
     with pytest.raises(FSCILError, match="incremental.lambda1 must be 0 with model.projector single_ssm"):
         build_config({"preset": "synthetic", "model": {"projector": "single_ssm"}})
+
+
+@pytest.mark.parametrize("preset", available_presets())
+def test_the_frozen_dual_row_differs_from_dual_only_in_freezing(preset):
+    """dual_ssm follows the preset's selected freeze_base; dual_ssm_frozen is the paper's frozen design. Everything
+    else, the base model's sections included (so a study shares one base model between them), is the same."""
+    dual, frozen = (build_config(_params(preset, v)) for v in ("dual_ssm", "dual_ssm_frozen"))
+    assert frozen.incremental.freeze_base is True
+    assert dual.incremental.freeze_base == build_config(_params(preset, None)).incremental.freeze_base
+    a, b = dual.to_dict(), frozen.to_dict()
+    assert {k for k in a if a[k] != b[k]} <= {"variant", "incremental"}
+    assert {k for k in a["incremental"] if a["incremental"][k] != b["incremental"][k]} <= {"freeze_base"}
