@@ -299,6 +299,11 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
     results: dict[str, dict] = json.loads(results_path.read_text()) if results_path.is_file() else {}
     chosen: dict[str, Any] = {}
     rows: list[dict] = []
+    def group_values(group: list) -> list:
+        """The values the group's keys run with now (chosen, else configured)."""
+        current = with_values(cfg, chosen)
+        return [_get(current, key) for _, key, _, _ in group]
+
     def choose_key(stage: str, key: str, values: list, held: dict[str, Any]) -> None:
         """Run every candidate of `key` (the earlier choices fixed), record their rows and the chosen value."""
         scores = []
@@ -330,12 +335,12 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
         # so their stage repeats, each key chosen again with the others at their new values, until a pass changes
         # nothing (cached candidates cost nothing); every other stage is one pass, in the paper's order
         for n in range(SCHEDULE_PASSES if stage == "schedule" and len(group) > 1 else 1):
-            before = dict(chosen)
+            before = group_values(group)
             for _, key, values, held in group:
                 if key == "extract.memory_k" and with_values(cfg, chosen).extract.memory != "sampled":
                     continue  # k is the number of maps of the sampled rule only: nothing to choose
                 choose_key(stage if n == 0 else f"{stage} (pass {n + 1})", key, values, held)
-            if n > 0 and chosen == before:
+            if group_values(group) == before:
                 break
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -297,6 +297,32 @@ def test_training_set_keys_repeat_until_a_pass_changes_nothing(real_pack, tmp_pa
     assert len(calls) == len(set(calls))  # a candidate seen in an earlier pass is read from the cache
 
 
+def test_a_first_pass_that_keeps_the_configured_training_set_is_the_only_one(real_pack, tmp_path, monkeypatch):
+    """When every training-set key keeps its configured value in pass 1, no second pass runs."""
+    params, paths = real_pack
+    cfg = load_config(params)
+    cfg = dataclasses.replace(cfg, extract=dataclasses.replace(cfg.extract, memory="mean", memory_k=1),
+                              incremental=dataclasses.replace(cfg.incremental, replay="shots", base_copy=[5]))
+    scores = {"extract.memory": {"mean": 1.0}, "incremental.replay": {"shots": 1.0},
+              "incremental.base_copy": {(5,): 1.0}}
+
+    def run(cand, pseudo_pack_path, work_dir, base_cache):
+        values = {"extract.memory": cand.extract.memory, "incremental.replay": cand.incremental.replay,
+                  "incremental.base_copy": tuple(cand.incremental.base_copy)}
+        avg = sum(scores[key].get(value, 0.0) for key, value in values.items())
+        return {"avg": avg, "final": avg, "pd": 0.0, "base": 50.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    sets = SelectionConfig(memory=["mean", "sampled"], memory_k=[4], replay=["mean", "shots"],
+                           base_copy=[[1], [5]], freeze_base=[False], suppression=["z"], k_paths=[4],
+                           inc_init=["random"], lambda1=[10.0], lambda2=[0.0], lambda3=[0.0])
+    result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    stages = [row["stage"] for row in result["rows"]]
+    assert stages.count("schedule") == 6 and not any(s.startswith("schedule (pass") for s in stages)
+    assert (result["chosen"]["extract.memory"], result["chosen"]["incremental.replay"],
+            result["chosen"]["incremental.base_copy"]) == ("mean", "shots", [5])
+
+
 def test_memory_candidates_share_the_base_model_and_get_their_own_store(real_pack, tmp_path, monkeypatch):
     """extract.memory candidates train one pseudo base model between them (the base does not depend on the memory)
     and each extracts its own feature store, whose memory follows the candidate's rule."""
