@@ -229,6 +229,11 @@ class ExtractConfig(SectionConfig):
     memory_k: int = 4
     """Maps kept per class by memory=sampled."""
 
+    @property
+    def memory_rule(self) -> tuple[str, int]:
+        """(memory, maps kept per class): memory_k counts only under the sampled rule, 1 otherwise."""
+        return self.memory, self.memory_k if self.memory == "sampled" else 1
+
     def __post_init__(self):
         self.check_types()
         from pipeline.store.memory import MEMORY_KINDS

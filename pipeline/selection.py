@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import shutil
@@ -141,8 +142,7 @@ def with_values(cfg: Config, values: dict[str, Any]) -> Config:
 
 
 def _key(cfg: Config, sections: tuple[str, ...], pack_hash: str) -> str:
-    if cfg.extract.memory != "sampled":  # memory_k counts the maps of the sampled rule only: the same store otherwise
-        cfg = with_values(cfg, {"extract.memory_k": 1})
+    cfg = with_values(cfg, {"extract.memory_k": cfg.extract.memory_rule[1]})  # k of another rule: the same store
     return hashlib.sha256(f"{pack_hash}:{config_digest(cfg, sections)}".encode()).hexdigest()[:16]
 
 
@@ -200,17 +200,6 @@ def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str
         ("loss_weights", "incremental.lambda2", sel.lambda2, {"incremental.lambda3": 0.0}),
         ("loss_weights", "incremental.lambda3", sel.lambda3, {}),
     ]
-
-
-def stage_groups(order: list[tuple[str, str, list, dict[str, Any]]]) -> list[tuple[str, list]]:
-    """`selection_order` cut into runs of one stage: [(stage, [its entries in order])]."""
-    groups: list[tuple[str, list]] = []
-    for entry in order:
-        if groups and groups[-1][0] == entry[0]:
-            groups[-1][1].append(entry)
-        else:
-            groups.append((entry[0], [entry]))
-    return groups
 
 
 def choose(values: list, scores: list[float], configured: Any) -> Any:
@@ -330,7 +319,8 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
             row["chosen"] = row["value"] == chosen[key]
         say(f"chosen {key}={chosen[key]}")
 
-    for stage, group in stage_groups(selection_order(sel)):
+    for stage, entries in itertools.groupby(selection_order(sel), key=lambda entry: entry[0]):
+        group = list(entries)
         # the training-set keys interact (base_copy repeats the memory's rows, replay picks what stands for a class),
         # so their stage repeats, each key chosen again with the others at their new values, until a pass changes
         # nothing (cached candidates cost nothing); every other stage is one pass, in the paper's order

@@ -47,7 +47,7 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
         hw = backbone.feature_hw(preset.input_size)
         map_shape = (backbone.out_channels, *hw)
         views = cfg.extract.augmented_views
-        kind, k = cfg.extract.memory, cfg.extract.memory_k
+        kind, k = cfg.extract.memory_rule
         # the base classes' memory rows (random / sampled rules), drawn before anything is written
         memory_ids = None if kind == "mean" else base_ids[memory_rows(pack.labels[base_ids], kind, k,
                                                                       seeded_generator(cfg.seed, MEMORY))]
@@ -57,7 +57,7 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
             attrs={"pack_hash": pack.content_hash, "checkpoint_sha256": ckpt_sha, "preset": pack.preset,
                    "transform": {"kind": "test", "input_size": preset.input_size}, "num_classes": protocol.num_classes,
                    "num_base": num_base, "num_sessions": len(protocol.sessions), "backbone": cfg.model.backbone,
-                   "memory": kind, "memory_k": k if kind == "sampled" else 1},
+                   "memory": kind, "memory_k": k},
             memory_rows=None if memory_ids is None else len(memory_ids),
         )
         size = cfg.extract.batch_size
