@@ -89,8 +89,12 @@ def run_scores(sessions: pd.DataFrame, column: str = "acc") -> pd.DataFrame:
         acc = run[column].astype(float).to_numpy()
         novel = run["novel_acc" if column == "acc" else column.replace("_acc", "_novel_acc")].astype(float)
         params = run["projector_parameters"] if "projector_parameters" in run else pd.Series([float("nan")])
+        # AVG minus the class means of the run's own backbone (each projector family trains its own): paired per
+        # run, so the backbone's seed-to-seed spread cancels; undefined for the prototype rows themselves
+        own = run["proto_backbone_acc"].astype(float).mean() if column == "acc" else float("nan")
         out.append({"variant": variant, "seed": seed, "base": acc[0], "final": acc[-1], "avg": acc.mean(),
-                    "pd": acc[0] - acc[-1], "novel_s1": novel.iloc[1] if len(novel) > 1 else float("nan"),
+                    "pd": acc[0] - acc[-1], "vs_proto": acc.mean() - own,
+                    "novel_s1": novel.iloc[1] if len(novel) > 1 else float("nan"),
                     "params": float(params.iloc[-1])})
     return pd.DataFrame(out)
 
@@ -105,7 +109,7 @@ def study_table(sessions: pd.DataFrame, variants: list[str], reference: str | No
     scores = pd.concat([method, proto], ignore_index=True)
     order = [v for v in variants if v in set(scores["variant"])] + [PROTOTYPE]
     grouped = scores.groupby("variant", sort=False)
-    table = grouped[[*SCORES, "novel_s1"]].agg(["mean", "std"]).reindex(order)
+    table = grouped[[*SCORES, "vs_proto", "novel_s1"]].agg(["mean", "std"]).reindex(order)
     table[("seeds", "n")] = grouped.size().reindex(order)
     table[("params", "final")] = grouped["params"].max().reindex(order)  # the projector's, in the last session
     return table
@@ -113,11 +117,14 @@ def study_table(sessions: pd.DataFrame, variants: list[str], reference: str | No
 
 def table_markdown(table: pd.DataFrame) -> str:
     """The study table as markdown, `mean +- std` per score."""
-    head = ("| variant | seeds | BASE | FINAL | AVG | PD | novel acc. after session 1 | projector parameters |\n"
-            "|---|---|---|---|---|---|---|---|\n")
+    head = ("| variant | seeds | BASE | FINAL | AVG | PD | AVG - own class means | novel acc. after session 1 "
+            "| projector parameters |\n|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for variant, row in table.iterrows():
-        cells = [f"{row[(s, 'mean')]:.2f} ± {row[(s, 'std')]:.2f}" for s in (*SCORES, "novel_s1")]
+        cells = [f"{row[(s, 'mean')]:.2f} ± {row[(s, 'std')]:.2f}" for s in SCORES]
+        vs = row[("vs_proto", "mean")]
+        cells.append("-" if pd.isna(vs) else f"{vs:+.2f} ± {row[('vs_proto', 'std')]:.2f}")
+        cells.append(f"{row[('novel_s1', 'mean')]:.2f} ± {row[('novel_s1', 'std')]:.2f}")
         params = row[("params", "final")]
         cells.append("-" if pd.isna(params) else f"{int(params):,}")
         lines.append(f"| {variant} | {int(row[('seeds', 'n')])} | " + " | ".join(cells) + " |")

@@ -37,7 +37,12 @@ def test_run_scores_and_table_are_means_and_stds_over_seeds():
     assert table.loc[PROTOTYPE, ("avg", "mean")] == pytest.approx(80.0)
     assert table.loc[PROTOTYPE, ("pd", "std")] == pytest.approx(0.0)
     md = table_markdown(table)
-    assert "| a | 2 | 85.00 ± 7.07 | 65.00 ± 7.07 | 75.00 ± 7.07 | 20.00 ± 0.00 | 50.50 ± 0.71 |" in md
+    # AVG minus the run's own class means (80 in every run): a 0 and -10, b +10 and 0; none for the prototype row
+    assert table.loc["a", ("vs_proto", "mean")] == pytest.approx(-5.0)
+    assert table.loc["b", ("vs_proto", "std")] == pytest.approx(np.std([10.0, 0.0], ddof=1))
+    assert "| a | 2 | 85.00 ± 7.07 | 65.00 ± 7.07 | 75.00 ± 7.07 | 20.00 ± 0.00 | -5.00 ± 7.07 | 50.50 ± 0.71 |" in md
+    assert "| b | 2 | 95.00 ± 7.07 | 75.00 ± 7.07 | 85.00 ± 7.07 | 20.00 ± 0.00 | +5.00 ± 7.07 |" in md
+    assert f"| {PROTOTYPE} | 2 | 85.00 ± 0.00 | 75.00 ± 0.00 | 80.00 ± 0.00 | 10.00 ± 0.00 | - |" in md
 
 
 def test_tiny_study_end_to_end(tmp_path, monkeypatch):
