@@ -350,6 +350,10 @@ class SelectionConfig(SectionConfig):
     """Base stage candidates of base.dr_scale (empty: keep the configured value)."""
     base_weight_decay: list[float] = field(default_factory=list)
     """Base stage candidates of base.weight_decay (empty: keep the configured value)."""
+    base_mixup_alpha: list[float] = field(default_factory=list)
+    """Base stage candidates of base.mixup_alpha (0: no batch Mixup; empty: keep the configured value)."""
+    base_cutmix_alpha: list[float] = field(default_factory=list)
+    """Base stage candidates of base.cutmix_alpha (0: no batch CutMix; empty: keep the configured value)."""
     steps: list[list[int]] = field(default_factory=list)
     """Stage 0 candidates of incremental.steps (empty: keep the configured schedule; not in the paper's list: at CPU
     budgets a session can end before it fits its own shots)."""
@@ -393,7 +397,8 @@ class SelectionConfig(SectionConfig):
         check(all(e >= 1 for e in self.base_epochs), "selection", "base_epochs", "must list epochs >= 1")
         for key in ("base_lr", "base_dr_scale"):
             check(all(v > 0 for v in getattr(self, key)), "selection", key, "must list values > 0")
-        check(all(v >= 0 for v in self.base_weight_decay), "selection", "base_weight_decay", "must list values >= 0")
+        for key in ("base_weight_decay", "base_mixup_alpha", "base_cutmix_alpha"):
+            check(all(v >= 0 for v in getattr(self, key)), "selection", key, "must list values >= 0")
         for values in self.steps:
             check(len(values) >= 1 and min(values) >= 1, "selection", "steps", "must list step schedules of >= 1")
         check(all(0 <= p <= 1 for p in self.mixup_prob), "selection", "mixup_prob", "must be in [0, 1]")

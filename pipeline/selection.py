@@ -51,6 +51,7 @@ SCORES = ("avg", "final", "pd", "base")
 # what (with the seed and the pseudo pack) a candidate's result, a base model and a feature store depend on
 CANDIDATE_SECTIONS = ("data", "model", "base", "extract", "incremental")
 STORE_SECTIONS = (*BASE_MODEL_SECTIONS, "extract")
+BASE_SELECTION_KEYS = ("epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha", "cutmix_alpha")  # base.<key>s
 SCHEDULE_PASSES = 3  # passes over the training-set keys (stage "schedule") at most; the first unchanged pass ends it
 
 
@@ -183,7 +184,7 @@ def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str
     """(stage, dotted key, candidates, values held while choosing it) in the paper's order."""
     no_aux = {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
     base = [("base", f"base.{key}", getattr(sel, f"base_{key}"), no_aux)
-            for key in ("epochs", "lr", "dr_scale", "weight_decay") if getattr(sel, f"base_{key}")]
+            for key in BASE_SELECTION_KEYS if getattr(sel, f"base_{key}")]
     # the memory before what is built from it: replay and copy act on the earlier classes' memory rows, base_copy
     # repeats the base classes' memory rows (so its best value depends on how many rows a class keeps)
     schedule = [("schedule", f"{section}.{key}", getattr(sel, key), no_aux)
