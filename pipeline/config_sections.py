@@ -354,6 +354,8 @@ class SelectionConfig(SectionConfig):
     """Base stage candidates of base.mixup_alpha (0: no batch Mixup; empty: keep the configured value)."""
     base_cutmix_alpha: list[float] = field(default_factory=list)
     """Base stage candidates of base.cutmix_alpha (0: no batch CutMix; empty: keep the configured value)."""
+    base_mix_prob: list[float] = field(default_factory=list)
+    """Base stage candidates of base.mix_prob (the share of batches mixed; empty: keep the configured value)."""
     steps: list[list[int]] = field(default_factory=list)
     """Stage 0 candidates of incremental.steps (empty: keep the configured schedule; not in the paper's list: at CPU
     budgets a session can end before it fits its own shots)."""
@@ -401,7 +403,8 @@ class SelectionConfig(SectionConfig):
             check(all(v >= 0 for v in getattr(self, key)), "selection", key, "must list values >= 0")
         for values in self.steps:
             check(len(values) >= 1 and min(values) >= 1, "selection", "steps", "must list step schedules of >= 1")
-        check(all(0 <= p <= 1 for p in self.mixup_prob), "selection", "mixup_prob", "must be in [0, 1]")
+        for key in ("base_mix_prob", "mixup_prob"):
+            check(all(0 <= p <= 1 for p in getattr(self, key)), "selection", key, "must be in [0, 1]")
         check(self.protocols >= 1, "selection", "protocols", "must be >= 1")
         check(set(self.replay) <= {"mean", "shots"}, "selection", "replay", "must be a list of mean or shots")
         check(all(c >= 0 for c in self.copy), "selection", "copy", "must be >= 0")

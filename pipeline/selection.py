@@ -51,7 +51,8 @@ SCORES = ("avg", "final", "pd", "base")
 # what (with the seed and the pseudo pack) a candidate's result, a base model and a feature store depend on
 CANDIDATE_SECTIONS = ("data", "model", "base", "extract", "incremental")
 STORE_SECTIONS = (*BASE_MODEL_SECTIONS, "extract")
-BASE_SELECTION_KEYS = ("epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha", "cutmix_alpha")  # base.<key>s
+# the base.<key>s the base stage may choose, in this order (selection.base_<key> lists their candidates)
+BASE_SELECTION_KEYS = ("epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha", "cutmix_alpha", "mix_prob")
 SCHEDULE_PASSES = 3  # passes over the training-set keys (stage "schedule") at most; the first unchanged pass ends it
 
 

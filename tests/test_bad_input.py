@@ -31,6 +31,7 @@ def _assert_one_line_error(result, *needles: str) -> None:
     ("extract", {"dtype": "int8"}, ["extract.dtype"]),
     ("base", {"mix_prob": 2.0}, ["base.mix_prob"]),
     ("selection", {"base_cutmix_alpha": [1.0, -0.5]}, ["selection.base_cutmix_alpha", ">= 0"]),
+    ("selection", {"base_mix_prob": [0.5, 1.5]}, ["selection.base_mix_prob", "[0, 1]"]),
 ])
 def test_invalid_params(tmp_path, section, values, needles):
     params = write_params(tmp_path / "params.yaml", **{section: values})

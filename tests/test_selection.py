@@ -244,10 +244,11 @@ def test_schedule_stage_comes_first_and_only_when_asked():
     assert order[0][2] == [[100], [200]] and order[0][3] == {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
     # the base stage (ours) precedes everything: each later candidate runs on the chosen base model
     sets = SelectionConfig(base_epochs=[20, 40], base_dr_scale=[1.0, 10.0], base_cutmix_alpha=[0.0, 1.0],
-                           base_mixup_alpha=[0.0, 0.2], steps=[[100], [200]])
-    assert [(stage, key) for stage, key, _, _ in selection.selection_order(sets)[:6]] == [
+                           base_mixup_alpha=[0.0, 0.2], base_mix_prob=[0.5, 1.0], steps=[[100], [200]])
+    assert [(stage, key) for stage, key, _, _ in selection.selection_order(sets)[:7]] == [
         ("base", "base.epochs"), ("base", "base.dr_scale"), ("base", "base.mixup_alpha"),
-        ("base", "base.cutmix_alpha"), ("schedule", "incremental.steps"), ("architecture", "incremental.freeze_base")]
+        ("base", "base.cutmix_alpha"), ("base", "base.mix_prob"), ("schedule", "incremental.steps"),
+        ("architecture", "incremental.freeze_base")]
     # the memory (paper's memory ablation) is part of the training set: before replay / base_copy, which act on its
     # rows, and before the architecture
     sets = SelectionConfig(base_copy=[[1], [5]], replay=["mean", "shots"], memory=["mean", "sampled"],
