@@ -208,6 +208,9 @@ class BaseConfig(SectionConfig):
         for key in ("epochs", "batch_size", "checkpoint_every", "eval_batch_size"):
             check(getattr(self, key) >= 1, "base", key, "must be >= 1")
         check(self.lr > 0, "base", "lr", "must be > 0")
+        check(self.dr_scale > 0, "base", "dr_scale", "must be > 0")
+        for key in ("weight_decay", "mixup_alpha", "cutmix_alpha"):
+            check(getattr(self, key) >= 0, "base", key, "must be >= 0")
         check(0 <= self.mix_prob <= 1, "base", "mix_prob", "must be in [0, 1]")
         check(self.warmup_steps >= 0, "base", "warmup_steps", "must be >= 0")
 
@@ -320,6 +323,10 @@ class IncrementalConfig(SectionConfig):
         return values[session - 1]
 
 
+# the base.<key>s the base stage of `fscil select` may choose, in this order (selection.base_<key> lists candidates)
+BASE_SELECTION_KEYS = ("epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha", "cutmix_alpha", "mix_prob")
+
+
 @dataclass
 class SelectionConfig(SectionConfig):
     """`fscil select`: the pseudo-incremental protocol built from the base session's training data and the candidate
@@ -396,15 +403,15 @@ class SelectionConfig(SectionConfig):
               "must be in (0, 1) or null")
         for key in ("sessions", "ways", "shots"):
             check(getattr(self, key) is None or getattr(self, key) >= 1, "selection", key, "must be >= 1 or null")
-        check(all(e >= 1 for e in self.base_epochs), "selection", "base_epochs", "must list epochs >= 1")
-        for key in ("base_lr", "base_dr_scale"):
-            check(all(v > 0 for v in getattr(self, key)), "selection", key, "must list values > 0")
-        for key in ("base_weight_decay", "base_mixup_alpha", "base_cutmix_alpha"):
-            check(all(v >= 0 for v in getattr(self, key)), "selection", key, "must list values >= 0")
+        for key in BASE_SELECTION_KEYS:  # a base-stage candidate must be a valid base.<key>: BaseConfig's own rule
+            for value in getattr(self, f"base_{key}"):
+                try:
+                    BaseConfig(**{key: value})
+                except FSCILError as err:
+                    fail("selection", f"base_{key}", f"lists {value!r}: {str(err).removeprefix('params: ')}")
         for values in self.steps:
             check(len(values) >= 1 and min(values) >= 1, "selection", "steps", "must list step schedules of >= 1")
-        for key in ("base_mix_prob", "mixup_prob"):
-            check(all(0 <= p <= 1 for p in getattr(self, key)), "selection", key, "must be in [0, 1]")
+        check(all(0 <= p <= 1 for p in self.mixup_prob), "selection", "mixup_prob", "must be in [0, 1]")
         check(self.protocols >= 1, "selection", "protocols", "must be >= 1")
         check(set(self.replay) <= {"mean", "shots"}, "selection", "replay", "must be a list of mean or shots")
         check(all(c >= 0 for c in self.copy), "selection", "copy", "must be >= 0")

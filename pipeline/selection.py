@@ -34,7 +34,7 @@ import yaml
 
 from pipeline.atomic import atomic_output, atomic_write_text
 from pipeline.config import Config
-from pipeline.config_sections import SelectionConfig
+from pipeline.config_sections import BASE_SELECTION_KEYS, SelectionConfig
 from pipeline.data.pack import ImagePack, PackContent, chunk_rows, write_pack
 from pipeline.data.protocol import FSCILProtocol
 from pipeline.data.sampling import draw_sessions, split_test
@@ -51,8 +51,6 @@ SCORES = ("avg", "final", "pd", "base")
 # what (with the seed and the pseudo pack) a candidate's result, a base model and a feature store depend on
 CANDIDATE_SECTIONS = ("data", "model", "base", "extract", "incremental")
 STORE_SECTIONS = (*BASE_MODEL_SECTIONS, "extract")
-# the base.<key>s the base stage may choose, in this order (selection.base_<key> lists their candidates)
-BASE_SELECTION_KEYS = ("epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha", "cutmix_alpha", "mix_prob")
 SCHEDULE_PASSES = 3  # passes over the training-set keys (stage "schedule") at most; the first unchanged pass ends it
 
 

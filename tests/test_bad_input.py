@@ -30,6 +30,9 @@ def _assert_one_line_error(result, *needles: str) -> None:
     ("data", {"dataset": "imagenet"}, ["data.dataset"]),
     ("extract", {"dtype": "int8"}, ["extract.dtype"]),
     ("base", {"mix_prob": 2.0}, ["base.mix_prob"]),
+    ("base", {"cutmix_alpha": -1.0}, ["base.cutmix_alpha", ">= 0"]),
+    ("base", {"dr_scale": 0.0}, ["base.dr_scale", "> 0"]),
+    ("selection", {"base_epochs": [100, 0]}, ["selection.base_epochs", "lists 0", "base.epochs", ">= 1"]),
     ("selection", {"base_cutmix_alpha": [1.0, -0.5]}, ["selection.base_cutmix_alpha", ">= 0"]),
     ("selection", {"base_mix_prob": [0.5, 1.5]}, ["selection.base_mix_prob", "[0, 1]"]),
 ])
