@@ -199,6 +199,9 @@ class BaseConfig(SectionConfig):
     """Probability of mixing a batch when mixup/cutmix is on."""
     dr_scale: float = 1.0
     """Multiplier of the DR loss (the authors use 10)."""
+    precise_bn: bool = False
+    """After training, set the backbone's BatchNorm statistics to the exact ones of the base training images under
+    the test transform (ours, not the authors': their statistics follow the augmented, mixed training batches)."""
     checkpoint_every: int = 1
     """Write a resumable checkpoint every this many epochs."""
     eval_batch_size: int = 256
@@ -324,7 +327,8 @@ class IncrementalConfig(SectionConfig):
 
 
 # the base.<key>s the base stage of `fscil select` may choose, in this order (selection.base_<key> lists candidates)
-BASE_SELECTION_KEYS = ("epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha", "cutmix_alpha", "mix_prob")
+BASE_SELECTION_KEYS = ("epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha", "cutmix_alpha", "mix_prob",
+                       "precise_bn")
 
 
 @dataclass
@@ -363,6 +367,8 @@ class SelectionConfig(SectionConfig):
     """Base stage candidates of base.cutmix_alpha (0: no batch CutMix; empty: keep the configured value)."""
     base_mix_prob: list[float] = field(default_factory=list)
     """Base stage candidates of base.mix_prob (the share of batches mixed; empty: keep the configured value)."""
+    base_precise_bn: list[bool] = field(default_factory=list)
+    """Base stage candidates of base.precise_bn (empty: keep the configured value)."""
     steps: list[list[int]] = field(default_factory=list)
     """Stage 0 candidates of incremental.steps (empty: keep the configured schedule; not in the paper's list: at CPU
     budgets a session can end before it fits its own shots)."""

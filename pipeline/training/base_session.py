@@ -4,6 +4,8 @@ Determinism and process-count invariance: the epoch order is a permutation seede
 augmentation and Mixup/CutMix randoms by (seed, step), and each process keeps its slice of the global batch (see
 pipeline/training/distributed.py). No checkpoint is selected on test data: the final weights are the result.
 Resumable: a checkpoint with the optimizer state is written every `checkpoint_every` epochs next to the output.
+With base.precise_bn the backbone's BatchNorm statistics are measured afresh on the test-transformed training images
+after the last epoch (pipeline/training/precise_bn.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pipeline.training.distributed import (
     init_process_group,
 )
 from pipeline.training.evaluate import predict, session_metrics
+from pipeline.training.precise_bn import recalibrate_batchnorm
 from pipeline.training.schedule import set_lr, warmup_cosine
 
 RESUME_FILE = "resume.safetensors"
@@ -207,6 +210,12 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
             barrier(group)
             if stop_after_epoch is not None and done >= stop_after_epoch:
                 return {}
+        recalibrated = 0
+        if cfg.base.precise_bn:  # every process measures all images: the same statistics everywhere
+            recalibrated = recalibrate_batchnorm(
+                model.backbone, model.backbone.trained_batchnorms(),
+                lambda: (test_transform(images[i:i + cfg.base.eval_batch_size], preset)
+                         for i in range(0, len(images), cfg.base.eval_batch_size)))
         result: dict = {}
         if group.is_main:
             test_ids = protocol.test_ids_seen(0, pack.labels)
@@ -214,7 +223,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
             metrics = session_metrics(pred, pack.labels[test_ids], num_base, num_base)
             result = {"session": 0, **metrics, "preset": cfg.preset, "projector": cfg.model.projector,
                       "train_loss": history, "epochs": cfg.base.epochs,
-                      "steps": total_steps, "world_size": group.world_size,
+                      "steps": total_steps, "world_size": group.world_size, "precise_bn_layers": recalibrated,
                       "num_sessions": len(protocol.sessions),
                       "seconds": round(time.time() - started, 2)}
             _write_base_model(Path(out_dir), model, cfg, pack, preset.input_size, result)

@@ -74,6 +74,12 @@ class Backbone(nn.Module):
                 param.requires_grad_(False)
         self.train(self.training)
 
+    def trained_batchnorms(self) -> list[nn.Module]:
+        """The BatchNorm layers base training updates (those outside the frozen parts), in registration order."""
+        return [module for name, module in self.named_modules()
+                if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats
+                and not matches_prefix(name, self._frozen)]
+
     def train(self, mode: bool = True) -> Backbone:
         super().train(mode)
         if mode and self._frozen:
