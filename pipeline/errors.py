@@ -8,3 +8,9 @@ class FSCILError(Exception):
     """
 
     exit_code = 2
+
+
+class TrainingDiverged(FSCILError):
+    """Training left the range where its result means anything: a non-finite loss, or a session whose loss ended
+    far above where it started. Studies and `fscil select` record such a run as diverged (a result: counted, not
+    averaged) instead of stopping; a stage prints the message and writes nothing."""

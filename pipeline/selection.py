@@ -38,7 +38,7 @@ from pipeline.config_sections import BASE_SELECTION_KEYS, SelectionConfig
 from pipeline.data.pack import ImagePack, PackContent, chunk_rows, write_pack
 from pipeline.data.protocol import FSCILProtocol
 from pipeline.data.sampling import draw_sessions, split_test
-from pipeline.errors import FSCILError
+from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.report import session_table, summarise, summarise_prototypes
 from pipeline.training.base_model import BASE_MODEL_SECTIONS, MODEL_FILE, config_digest
 from pipeline.training.base_session import train_base
@@ -251,9 +251,7 @@ def _run_cached(cand: Config, pack: tuple[Path, dict], work_dir: Path, results: 
     shutil.rmtree(scratch, ignore_errors=True)
     try:
         score = run_candidate(cand, pack[0], scratch, work_dir / "bases")
-    except FSCILError as err:
-        if "non-finite loss" not in str(err):
-            raise
+    except TrainingDiverged as err:
         # a candidate that diverges is a candidate that loses, not the end of the selection
         score = {s: float("nan") for s in SCORES} | {"diverged": str(err).splitlines()[0]}
     shutil.rmtree(scratch, ignore_errors=True)

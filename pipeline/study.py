@@ -24,7 +24,7 @@ import pandas as pd
 from pipeline.atomic import atomic_output, atomic_write_text
 from pipeline.config import build_config
 from pipeline.data.prepare import build_pack
-from pipeline.errors import FSCILError
+from pipeline.errors import TrainingDiverged
 from pipeline.selection import run_candidate
 
 RUNS_FILE = "runs.json"
@@ -62,9 +62,7 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
                 runs[key] = {"variant": variant, "seed": seed}
                 try:
                     runs[key]["table"] = run_candidate(cfg, pack, scratch, work / "bases")["table"]
-                except FSCILError as err:
-                    if "non-finite loss" not in str(err):
-                        raise
+                except TrainingDiverged as err:
                     runs[key]["diverged"] = str(err).splitlines()[0]  # a result too: kept, counted, not averaged
                 runs[key]["seconds"] = round(time.time() - started, 1)
                 atomic_write_text(runs_path, json.dumps(runs, indent=2) + "\n")

@@ -8,6 +8,8 @@ import shutil
 import pytest
 import yaml
 
+from pipeline.training import incremental_session
+from pipeline.training.incremental_session import loss_rose
 from tests.pipeline_fixtures import TINY_PARAMS, cli, write_params
 
 
@@ -94,6 +96,40 @@ def test_non_finite_loss_stops_naming_the_step(tiny_run, tmp_path):
     _assert_one_line_error(result, "non-finite loss at epoch", "step")
     # the earlier (complete) base output is still the one in place, untouched
     assert (data / "base" / "model.safetensors").read_bytes() == (paths.base / "model.safetensors").read_bytes()
+
+
+def test_a_session_whose_loss_rises_is_refused_as_diverged(tiny_run, tmp_path, monkeypatch):
+    """A finite loss that ends far above where it began (measured: an Omniglot frozen-branch session collapsed from
+    1.84 to 4.78, every test image in one class) is a diverged session: one-line error, nothing written."""
+    _, params, paths = tiny_run
+    data = tmp_path / "data"
+    shutil.copytree(paths.data_dir, data, ignore=shutil.ignore_patterns("sessions", "report"))
+    calls = []
+
+    def rising(*args, **kwargs):  # the real loss plus a constant that grows with the step: no gradient changes
+        cls, supp, sep = real(*args, **kwargs)
+        calls.append(1)
+        return cls + 100.0 * (len(calls) - 1), supp, sep
+
+    real = incremental_session.incremental_loss
+    monkeypatch.setattr(incremental_session, "incremental_loss", rising)
+    result = cli("stage", "incremental", "--session", "1", "--params", str(params), "--data-dir", str(data), "-q")
+    _assert_one_line_error(result, "session 1: the loss rose from", "nothing written")
+    assert len(calls) == 4 and not (data / "sessions" / "session_1").exists()
+    monkeypatch.setattr(incremental_session, "incremental_loss", real)
+    result = cli("stage", "incremental", "--session", "1", "--params", str(params), "--data-dir", str(data), "-q")
+    assert result.exit_code == 0, result.output
+
+
+def test_loss_rose_compares_the_last_tenth_with_the_first_step():
+    assert loss_rose([]) is None
+    assert loss_rose([1.84 - 0.004 * i for i in range(400)]) is None  # a healthy session falls
+    for jump in (10, 30, 60):  # measured: ~1.8 at first, then ~4.8 from a step between 25 and 50 to the end
+        first, end = loss_rose([1.84] * jump + [4.8] * (400 - jump))
+        assert first == 1.84 and end == pytest.approx(4.8)
+    assert loss_rose([1.84] * 30 + [4.8] * 330 + [0.3] * 40) is None  # recovered by the end
+    assert loss_rose([1.0, 0.5, 1.4]) is None and loss_rose([1.0, 0.5, 1.6]) == (1.0, 1.6)  # one step at the end
+    assert loss_rose([1.0] * 18 + [2.0, 1.0]) is None  # the last tenth's mean (1.5) is not above 1.5 x 1.0
 
 
 def test_missing_inputs_name_the_stage_to_run(tmp_path):

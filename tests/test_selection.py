@@ -17,7 +17,7 @@ import pipeline.selection as selection
 from pipeline.config import load_config
 from pipeline.config_sections import SelectionConfig
 from pipeline.data.pack import ImagePack
-from pipeline.errors import FSCILError
+from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.models.fscil import build_head
 from pipeline.store.feature_store import FeatureStore
 from pipeline.training.base_model import MODEL_FILE
@@ -368,7 +368,7 @@ def test_a_diverging_candidate_loses_and_the_selection_goes_on(real_pack, tmp_pa
 
     def run(cand, *args):
         if cand.incremental.lambda1 == 30.0:
-            raise FSCILError("session 1: non-finite loss at step 10; nothing written")
+            raise TrainingDiverged("session 1: non-finite loss at step 10; nothing written")
         return {"avg": 50.0 + cand.incremental.lambda1, "final": 1.0, "pd": 1.0, "base": 1.0, "sessions": {}}
 
     monkeypatch.setattr(selection, "run_candidate", run)
@@ -423,7 +423,7 @@ def test_a_key_whose_every_candidate_diverges_is_an_error(real_pack, tmp_path, m
         with ImagePack.open(pack_path) as pack:
             seed = pack.provenance["selection"]["seed"]
         if cand.incremental.lambda3 > 0 and seed == 1:  # diverges on the second protocol only
-            raise FSCILError("session 2: non-finite loss at step 3; nothing written")
+            raise TrainingDiverged("session 2: non-finite loss at step 3; nothing written")
         return {"avg": 50.0, "final": 50.0, "pd": 0.0, "base": 50.0, "sessions": {}}
 
     monkeypatch.setattr(selection, "run_candidate", run)

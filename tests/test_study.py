@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import pipeline.study as study
-from pipeline.errors import FSCILError
+from pipeline.errors import TrainingDiverged
 from pipeline.study import PROTOTYPE, run_scores, study_table, table_markdown
 from tests.pipeline_fixtures import TINY_PARAMS
 
@@ -80,7 +80,7 @@ def test_a_diverging_run_is_listed_not_averaged(tmp_path, monkeypatch):
 
     def run(cfg, *args):
         if cfg.variant == "mamba_fscil" and cfg.seed == 1:
-            raise FSCILError("session 1: non-finite loss at step 3; nothing written")
+            raise TrainingDiverged("session 1: non-finite loss at step 3; nothing written")
         return real(cfg, *args)
 
     monkeypatch.setattr(study, "run_candidate", run)

@@ -24,7 +24,7 @@ from pipeline.data.mixing import mixup_cutmix
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.device import resolve_device
-from pipeline.errors import FSCILError
+from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.losses.classification import mixed_loss
 from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import FSCILModel, build_model
@@ -194,7 +194,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
                 # the global-batch loss (mean of the equal slices' means): every process logs and checks the same one
                 global_loss = all_reduce_sum(loss.detach(), group) / group.world_size
                 if not torch.isfinite(global_loss):
-                    raise FSCILError(f"base training: non-finite loss at epoch {epoch + 1} step {i + 1}; "
+                    raise TrainingDiverged(f"base training: non-finite loss at epoch {epoch + 1} step {i + 1}; "
                                      "nothing written")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()

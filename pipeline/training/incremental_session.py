@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from pipeline.data.mixing import feature_mixup
 from pipeline.device import resolve_device
-from pipeline.errors import FSCILError
+from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.file_digest import file_digest
 from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
 from pipeline.losses.classification import mixed_loss
@@ -117,6 +117,20 @@ def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is
     return cls, supp, sep
 
 
+ROSE_FACTOR = 1.5
+
+
+def loss_rose(losses: list[float], factor: float = ROSE_FACTOR) -> tuple[float, float] | None:
+    """(first, end) when the mean loss of the last tenth of the steps (at least one) is more than `factor` times the
+    loss of the first step, the starting model's: a session that ends far worse on its own objective than it began
+    has collapsed, even with a finite loss (a healthy one ends near a fifth of it); else None."""
+    if not losses:
+        return None
+    n = max(1, len(losses) // 10)
+    first, end = losses[0], sum(losses[-n:]) / n
+    return (first, end) if end > factor * first else None
+
+
 def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir: Path | None, out_dir: Path,
                   show_progress: bool = True) -> dict:
     """Train g_inc for one session and write out_dir/{state.safetensors, metrics.json}; returns the metrics."""
@@ -186,7 +200,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
                                           cfg.model.classifier, inc, gen)
         loss = cls + supp + sep  # eq. optim_inc
         if not torch.isfinite(loss):
-            raise FSCILError(f"session {session}: non-finite loss at step {step + 1}; nothing written "
+            raise TrainingDiverged(f"session {session}: non-finite loss at step {step + 1}; nothing written "
                              "(lower incremental.lr or lambda1, or set incremental.grad_clip_norm)")
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -196,6 +210,11 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         for key, value in (("loss", loss), ("cls", cls), ("supp", supp), ("sep", sep)):
             history[key].append(round(value.item(), 6))
         bar.set_postfix(loss=f"{loss.item():.4f}")
+    rose = loss_rose(history["loss"])
+    if rose is not None:
+        raise TrainingDiverged(f"session {session}: the loss rose from {rose[0]:.3g} at the first step to "
+                               f"{rose[1]:.3g} (mean of the last tenth of the steps); nothing written (lower "
+                               "incremental.lr or lambda1, or set incremental.grad_clip_norm)")
     if cfg.incremental.freeze_base and frozen_digest(projector) != frozen_before:
         raise RuntimeError("frozen projector parts changed during an incremental session")
 
