@@ -195,7 +195,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
                 global_loss = all_reduce_sum(loss.detach(), group) / group.world_size
                 if not torch.isfinite(global_loss):
                     raise TrainingDiverged(f"base training: non-finite loss at epoch {epoch + 1} step {i + 1}; "
-                                     "nothing written")
+                                           "nothing written")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()

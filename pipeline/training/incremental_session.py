@@ -201,7 +201,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         loss = cls + supp + sep  # eq. optim_inc
         if not torch.isfinite(loss):
             raise TrainingDiverged(f"session {session}: non-finite loss at step {step + 1}; nothing written "
-                             "(lower incremental.lr or lambda1, or set incremental.grad_clip_norm)")
+                                   "(lower incremental.lr or lambda1, or set incremental.grad_clip_norm)")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if inc.grad_clip_norm is not None:
