@@ -75,10 +75,44 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return values
 
 
+def variant_keys(variant: str | None) -> set[str]:
+    """The dotted keys a named variant sets itself (they win over the preset, params and variant_params)."""
+    if variant is None:
+        return set()
+    return {f"{name}.{key}" for name, section in read_yaml(VARIANT_DIR / f"{variant}.yaml").items() for key in section}
+
+
+def _variant_params(values: Any, where: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """`variant_params: {<variant>: {<section>: {<key>: value}}}` checked for known variants, sections and keys
+    (the values themselves are checked when that variant's config is built)."""
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise FSCILError(f"{where}: variant_params must be a mapping of variant names to params sections")
+    fields = {"data": DataConfig, "model": ModelConfig, "base": BaseConfig, "extract": ExtractConfig,
+              "incremental": IncrementalConfig, "selection": SelectionConfig}
+    for variant, sections in values.items():
+        if variant not in available_variants():
+            raise FSCILError(f"{where}: variant_params names variant {variant!r}, which does not exist "
+                             f"(choose from {', '.join(available_variants())})")
+        if not isinstance(sections, dict) or not all(isinstance(v, dict) for v in sections.values()):
+            raise FSCILError(f"{where}: variant_params.{variant} must map params sections to mappings")
+        for name, section in sections.items():
+            if name not in fields:
+                raise FSCILError(f"{where}: variant_params.{variant}.{name} is not a params section "
+                                 f"(valid: {', '.join(SECTIONS)})")
+            names = {f.name for f in dataclasses.fields(fields[name])}
+            unknown = sorted(set(section) - names)
+            if unknown:
+                raise FSCILError(f"{where}: unknown key variant_params.{variant}.{name}.{unknown[0]}")
+    return values
+
+
 def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Merge params (nulls mean "the preset's value") over the named preset; returns plain dicts."""
+    """Merge params (nulls mean "the preset's value") over the named preset, then, for a named variant, the values
+    chosen for it (`variant_params`) and the variant's own keys; returns plain dicts."""
     params = dict(params)
-    top = ("preset", "variant", "seed", "device", "threads", "sessions")
+    top = ("preset", "variant", "seed", "device", "threads", "sessions", "variant_params")
     unknown = sorted(set(params) - {*top, *SECTIONS})
     if unknown:
         raise FSCILError(f"params: unknown key {unknown[0]} (valid: {', '.join(top)}, {', '.join(SECTIONS)})")
@@ -87,6 +121,9 @@ def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
         raise FSCILError(f"params: preset {preset!r} does not exist (choose from {', '.join(available_presets())})")
     merged = read_yaml(PRESET_DIR / f"{preset}.yaml")
     merged["preset"] = preset
+    # values chosen for one named variant (`fscil select` run with that variant): the preset's, then params.yaml's
+    per_variant = [_variant_params(merged.pop("variant_params", None), f"preset {preset}"),
+                   _variant_params(params.get("variant_params"), "params")]
     for key in ("seed", "device", "threads"):
         if params.get(key) is not None:
             merged[key] = params[key]
@@ -103,6 +140,9 @@ def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
         if variant not in available_variants():
             raise FSCILError(f"params: variant {variant!r} does not exist "
                              f"(choose from {', '.join(available_variants())})")
+        for source in per_variant:
+            for name, section in source.get(variant, {}).items():
+                merged[name].update({k: v for k, v in section.items() if v is not None})
         for name, section in read_yaml(VARIANT_DIR / f"{variant}.yaml").items():
             merged.setdefault(name, {}).update(section)
     merged["variant"] = variant

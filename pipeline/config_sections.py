@@ -294,7 +294,8 @@ class IncrementalConfig(SectionConfig):
     """Feature-mixup probability per batch (0: off)."""
     dr_scale: float = 1.0
     grad_clip_norm: float | None = None
-    """Clip the gradient norm of g_inc to this value each step (null: no clipping, the paper's setting)."""
+    """Clip the norm of the session's whole gradient (every trainable projector and classifier parameter) to this
+    value each step (null: no clipping, the paper's setting)."""
     eval_batch_size: int = 512
 
     def __post_init__(self):
@@ -329,6 +330,12 @@ class IncrementalConfig(SectionConfig):
 # the base.<key>s the base stage of `fscil select` may choose, in this order (selection.base_<key> lists candidates)
 BASE_SELECTION_KEYS = ("epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha", "cutmix_alpha", "mix_prob",
                        "precise_bn")
+# the session schedule and training-set keys its schedule stage may choose, (section, key) in this order (the selection
+# field is named as the key): the memory before what is built from it (replay and copy act on the earlier classes'
+# memory rows, base_copy repeats the base classes' rows, so its best value depends on how many rows a class keeps)
+SCHEDULE_SELECTION_KEYS = (("incremental", "lr"), ("incremental", "grad_clip_norm"), ("incremental", "steps"),
+                           ("incremental", "mixup_prob"), ("extract", "memory"), ("extract", "memory_k"),
+                           ("incremental", "replay"), ("incremental", "copy"), ("incremental", "base_copy"))
 
 
 @dataclass
@@ -369,6 +376,11 @@ class SelectionConfig(SectionConfig):
     """Base stage candidates of base.mix_prob (the share of batches mixed; empty: keep the configured value)."""
     base_precise_bn: list[bool] = field(default_factory=list)
     """Base stage candidates of base.precise_bn (empty: keep the configured value)."""
+    lr: list[float] = field(default_factory=list)
+    """Stage 0 candidates of incremental.lr (empty: keep the configured value; not in the paper's list: a variant
+    whose head or frozen parts change what the sessions train, e.g. linear + CE, may need its own)."""
+    grad_clip_norm: list[float | None] = field(default_factory=list)
+    """Stage 0 candidates of incremental.grad_clip_norm (null: no clipping; empty: keep the configured value)."""
     steps: list[list[int]] = field(default_factory=list)
     """Stage 0 candidates of incremental.steps (empty: keep the configured schedule; not in the paper's list: at CPU
     budgets a session can end before it fits its own shots)."""
@@ -409,24 +421,16 @@ class SelectionConfig(SectionConfig):
               "must be in (0, 1) or null")
         for key in ("sessions", "ways", "shots"):
             check(getattr(self, key) is None or getattr(self, key) >= 1, "selection", key, "must be >= 1 or null")
-        for key in BASE_SELECTION_KEYS:  # a base-stage candidate must be a valid base.<key>: BaseConfig's own rule
-            for value in getattr(self, f"base_{key}"):
-                try:
-                    BaseConfig(**{key: value})
-                except FSCILError as err:
-                    fail("selection", f"base_{key}", f"lists {value!r}: {str(err).removeprefix('params: ')}")
-        for values in self.steps:
-            check(len(values) >= 1 and min(values) >= 1, "selection", "steps", "must list step schedules of >= 1")
-        check(all(0 <= p <= 1 for p in self.mixup_prob), "selection", "mixup_prob", "must be in [0, 1]")
         check(self.protocols >= 1, "selection", "protocols", "must be >= 1")
-        check(set(self.replay) <= {"mean", "shots"}, "selection", "replay", "must be a list of mean or shots")
-        check(all(c >= 0 for c in self.copy), "selection", "copy", "must be >= 0")
-        for values in self.base_copy:
-            check(len(values) >= 1 and min(values) >= 0, "selection", "base_copy", "must list copy schedules of >= 0")
-        from pipeline.store.memory import MEMORY_KINDS
-        check(set(self.memory) <= set(MEMORY_KINDS), "selection", "memory",
-              f"must be a list of {', '.join(MEMORY_KINDS)}")
-        check(all(k >= 1 for k in self.memory_k), "selection", "memory_k", "must list values >= 1")
+        # a base-stage or schedule-stage candidate must be a valid value of its key: that section's own rule
+        sections = {"base": BaseConfig, "extract": ExtractConfig, "incremental": IncrementalConfig}
+        for section, key, name in ([("base", key, f"base_{key}") for key in BASE_SELECTION_KEYS]
+                                   + [(section, key, key) for section, key in SCHEDULE_SELECTION_KEYS]):
+            for value in getattr(self, name):
+                try:
+                    sections[section](**{key: value})
+                except FSCILError as err:
+                    fail("selection", name, f"lists {value!r}: {str(err).removeprefix('params: ')}")
         for key in ("freeze_base", "suppression", "k_paths", "inc_init", "lambda1", "lambda2", "lambda3"):
             values = getattr(self, key)
             check(len(values) >= 1, "selection", key, "must list at least one candidate")

@@ -9,9 +9,9 @@ earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the 
 incremental.inc_init), with lambda1 at its configured value and lambda2 = lambda3 = 0; stage 2 lambda1
 (lambda2 = lambda3 = 0), then lambda2 (lambda3 = 0), then lambda3. Optional stages, not in the paper, come first
 when candidates are given: the base training (base.epochs, lr, dr_scale, weight_decay; each candidate trains its own
-pseudo base model), then the session schedule and training set (incremental.steps, mixup_prob, the memory:
-extract.memory, memory_k, then replay, copy, base_copy; these keys interact, so their stage repeats until a pass
-changes nothing). A tie keeps the configured value, else the earliest candidate. With selection.protocols > 1 a
+pseudo base model), then the session schedule and training set (incremental.lr, grad_clip_norm, steps, mixup_prob,
+the memory: extract.memory, memory_k, then replay, copy, base_copy; these keys interact, so their stage repeats until
+a pass changes nothing). A tie keeps the configured value, else the earliest candidate. With selection.protocols > 1 a
 candidate scores its mean pseudo AVG over that many pseudo protocols (seeds selection.seed, seed + 1, ...).
 """
 
@@ -33,8 +33,8 @@ import pandas as pd
 import yaml
 
 from pipeline.atomic import atomic_output, atomic_write_text
-from pipeline.config import Config
-from pipeline.config_sections import BASE_SELECTION_KEYS, SelectionConfig
+from pipeline.config import Config, variant_keys
+from pipeline.config_sections import BASE_SELECTION_KEYS, SCHEDULE_SELECTION_KEYS, SelectionConfig
 from pipeline.data.pack import ImagePack, PackContent, chunk_rows, write_pack
 from pipeline.data.protocol import FSCILProtocol
 from pipeline.data.sampling import draw_sessions, split_test
@@ -184,13 +184,8 @@ def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str
     no_aux = {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
     base = [("base", f"base.{key}", getattr(sel, f"base_{key}"), no_aux)
             for key in BASE_SELECTION_KEYS if getattr(sel, f"base_{key}")]
-    # the memory before what is built from it: replay and copy act on the earlier classes' memory rows, base_copy
-    # repeats the base classes' memory rows (so its best value depends on how many rows a class keeps)
     schedule = [("schedule", f"{section}.{key}", getattr(sel, key), no_aux)
-                for section, key in (("incremental", "steps"), ("incremental", "mixup_prob"), ("extract", "memory"),
-                                     ("extract", "memory_k"), ("incremental", "replay"), ("incremental", "copy"),
-                                     ("incremental", "base_copy"))
-                if getattr(sel, key)]
+                for section, key in SCHEDULE_SELECTION_KEYS if getattr(sel, key)]
     return base + schedule + [
         ("architecture", "incremental.freeze_base", sel.freeze_base, no_aux),
         ("architecture", "incremental.suppression", sel.suppression, no_aux),
@@ -214,12 +209,16 @@ def _get(cfg: Config, dotted: str) -> Any:
     return getattr(getattr(cfg, name), key)
 
 
-def selected_yaml(chosen: dict[str, Any], pseudo: list[dict]) -> str:
-    """A params.yaml fragment holding only the chosen keys, with a comment naming the pseudo protocols."""
-    nested: dict[str, dict[str, Any]] = {}
+def selected_yaml(chosen: dict[str, Any], pseudo: list[dict], variant: str | None = None) -> str:
+    """A params.yaml fragment holding only the chosen keys, with a comment naming the pseudo protocols; for a named
+    variant, under `variant_params: {<variant>: ...}` so that merged into params.yaml it applies to that variant
+    alone."""
+    nested: dict[str, Any] = {}
     for dotted, value in chosen.items():
         name, key = dotted.split(".")
         nested.setdefault(name, {})[key] = value
+    if variant is not None:
+        nested = {"variant_params": {variant: nested}}
     first, plural = pseudo[0], "s" if len(pseudo) > 1 else ""
     seeds = ", ".join(str(p["seed"]) for p in pseudo)
     packs = ", ".join(p["content_hash"][:12] for p in pseudo)
@@ -227,7 +226,7 @@ def selected_yaml(chosen: dict[str, Any], pseudo: list[dict]) -> str:
               f"{first['sessions']} x {first['ways']}-way {first['shots']}-shot pseudo sessions\n"
               f"# from the base session's training images only ({first['val_fraction']:g} of each class held out "
               f"as pseudo test), seed{plural} {seeds},\n# pseudo pack{plural} "
-              f"{packs}. Merge into params.yaml.\n")
+              f"{packs}{f', variant {variant}' if variant else ''}. Merge into params.yaml.\n")
     return header + yaml.safe_dump(nested, sort_keys=False)
 
 
@@ -317,7 +316,12 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
             row["chosen"] = row["value"] == chosen[key]
         say(f"chosen {key}={chosen[key]}")
 
-    for stage, entries in itertools.groupby(selection_order(sel), key=lambda entry: entry[0]):
+    # a named variant is what its name says: the keys it sets itself (a row's projector, its losses off) are held
+    fixed = variant_keys(cfg.variant)
+    order = [entry for entry in selection_order(sel) if entry[1] not in fixed]
+    if fixed & {key for _, key, _, _ in selection_order(sel)}:
+        say(f"variant {cfg.variant} fixes {', '.join(sorted(fixed))}: not selected")
+    for stage, entries in itertools.groupby(order, key=lambda entry: entry[0]):
         group = list(entries)
         # the training-set keys interact (base_copy repeats the memory's rows, replay picks what stands for a class),
         # so their stage repeats, each key chosen again with the others at their new values, until a pass changes
@@ -333,7 +337,7 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
 
     out_dir.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out_dir / "selection.csv", index=False)
-    (out_dir / "selected.yaml").write_text(selected_yaml(chosen, [info for _, info in packs]))
+    (out_dir / "selected.yaml").write_text(selected_yaml(chosen, [info for _, info in packs], cfg.variant))
     summary = {"chosen": chosen, "rows": rows, "pseudo_protocol": pseudo,
                "pseudo_protocols": [info for _, info in packs]}
     (out_dir / "selection.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -37,6 +37,11 @@ def _assert_one_line_error(result, *needles: str) -> None:
     ("selection", {"base_epochs": [100, 0]}, ["selection.base_epochs", "lists 0", "base.epochs", ">= 1"]),
     ("selection", {"base_cutmix_alpha": [1.0, -0.5]}, ["selection.base_cutmix_alpha", ">= 0"]),
     ("selection", {"base_mix_prob": [0.5, 1.5]}, ["selection.base_mix_prob", "[0, 1]"]),
+    ("selection", {"lr": [0.1, 0.0]}, ["selection.lr", "lists 0.0", "incremental.lr", "> 0"]),
+    ("selection", {"grad_clip_norm": [None, -1.0]}, ["selection.grad_clip_norm", "lists -1.0", "> 0 or null"]),
+    ("selection", {"steps": [[100], []]}, ["selection.steps", "lists []", "incremental.steps", ">= 1"]),
+    ("selection", {"memory": ["mean", "all"]}, ["selection.memory", "lists 'all'", "extract.memory"]),
+    ("selection", {"base_copy": [[1], [-1]]}, ["selection.base_copy", "incremental.base_copy", ">= 0"]),
 ])
 def test_invalid_params(tmp_path, section, values, needles):
     params = write_params(tmp_path / "params.yaml", **{section: values})

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 import pipeline.selection as selection
-from pipeline.config import load_config
+from pipeline.config import build_config, load_config
 from pipeline.config_sections import SelectionConfig
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError, TrainingDiverged
@@ -378,6 +378,66 @@ def test_a_diverging_candidate_loses_and_the_selection_goes_on(real_pack, tmp_pa
     assert result["chosen"]["incremental.lambda1"] == 10.0  # 30 would score highest had it not diverged
     rows = [r for r in result["rows"] if r["key"] == "incremental.lambda1"]
     assert [r["diverged"] for r in rows] == [False, False, True] and math.isnan(rows[2]["avg"])
+
+
+def test_session_lr_and_clipping_are_schedule_keys_reaching_the_candidates(real_pack, tmp_path, monkeypatch):
+    """selection.lr / grad_clip_norm (a variant such as linear + CE may need its own): chosen first in the schedule
+    stage, each candidate runs with that value, and a chosen `null` (no clipping) survives the params fragment."""
+    params, paths = real_pack
+    cfg = load_config(params)
+    sets = SelectionConfig(**{**TINY_SELECTION, "freeze_base": [True], "lr": [0.1, 0.01],
+                              "grad_clip_norm": [1.0, None], "steps": [[5], [10]]})
+    assert [key for _, key, _, _ in selection.selection_order(sets)[:4]] == [
+        "incremental.lr", "incremental.grad_clip_norm", "incremental.steps", "incremental.freeze_base"]
+    seen: list = []
+
+    def run(cand, *args):
+        inc = cand.incremental
+        seen.append((inc.lr, inc.grad_clip_norm, inc.steps[0]))
+        if inc.lr == 0.1 and inc.grad_clip_norm is None:  # the configured lr without clipping diverges
+            raise TrainingDiverged("session 1: non-finite loss at step 3; nothing written")
+        avg = 60.0 + 5.0 * (inc.lr == 0.01) + 1.0 * (inc.grad_clip_norm is None) + 0.5 * (inc.steps == [10])
+        return {"avg": avg, "final": 1.0, "pd": 1.0, "base": 1.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    result = selection.select(dataclasses.replace(cfg, incremental=dataclasses.replace(cfg.incremental, lr=0.1)),
+                              paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    assert result["chosen"]["incremental.lr"] == 0.01
+    assert result["chosen"]["incremental.grad_clip_norm"] is None  # 0.01 without clipping beats 0.01 with it
+    assert result["chosen"]["incremental.steps"] == [10]
+    assert {(0.1, None), (0.01, None), (0.01, 1.0)} <= {(lr, clip) for lr, clip, _ in seen}
+    fragment = yaml.safe_load((tmp_path / "out" / "selected.yaml").read_text())
+    assert fragment["incremental"]["lr"] == 0.01 and fragment["incremental"]["grad_clip_norm"] is None
+    assert "grad_clip_norm" in fragment["incremental"]
+
+
+def test_a_variants_selection_holds_its_own_keys_and_writes_variant_params(real_pack, tmp_path, monkeypatch):
+    """`fscil select` with `variant: dual_ssm_frozen`: the keys the row fixes (freeze_base, lambda1-3) are not
+    selected (every candidate runs with the row's values), and selected.yaml nests the choice under
+    variant_params.dual_ssm_frozen, so merged into params.yaml it changes that row alone."""
+    params, paths = real_pack
+    values = yaml.safe_load(params.read_text())
+    cfg = build_config({**values, "variant": "dual_ssm_frozen"})
+    seen: list = []
+
+    def run(cand, *args):
+        inc = cand.incremental
+        seen.append((inc.lr, inc.freeze_base, inc.lambda1, inc.lambda2, inc.lambda3))
+        return {"avg": 60.0 + 5.0 * (inc.lr == 0.03), "final": 1.0, "pd": 1.0, "base": 1.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    sets = SelectionConfig(**{**TINY_SELECTION, "lr": [0.1, 0.03], "lambda1": [1.0, 10.0]})
+    result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    assert set(result["chosen"]) == {"incremental.lr", "incremental.suppression", "model.k_paths",
+                                     "incremental.inc_init"}
+    assert result["chosen"]["incremental.lr"] == 0.03
+    assert {s[1:] for s in seen} == {(True, 0.0, 0.0, 0.0)}  # the row's own values throughout
+    fragment = yaml.safe_load((tmp_path / "out" / "selected.yaml").read_text())
+    assert list(fragment) == ["variant_params"] and fragment["variant_params"]["dual_ssm_frozen"]["incremental"][
+        "lr"] == 0.03
+    merged = {**values, **fragment}
+    assert build_config({**merged, "variant": "dual_ssm_frozen"}).incremental.lr == 0.03
+    assert build_config({**merged, "variant": "dual_ssm"}).incremental.lr == cfg.incremental.lr != 0.03
 
 
 def test_several_pseudo_protocols_score_the_mean(real_pack, tmp_path, monkeypatch):

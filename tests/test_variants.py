@@ -74,3 +74,42 @@ def test_the_frozen_dual_row_differs_from_dual_only_in_freezing(preset):
     a, b = dual.to_dict(), frozen.to_dict()
     assert {k for k in a if a[k] != b[k]} <= {"variant", "incremental"}
     assert {k for k in a["incremental"] if a["incremental"][k] != b["incremental"][k]} <= {"freeze_base"}
+
+
+def test_variant_params_apply_to_their_variant_only_params_over_preset_variant_keys_last(tmp_path, monkeypatch):
+    """`variant_params` (values `fscil select` chose for one variant): the preset's entry, then params.yaml's, over
+    the preset for that variant alone; the variant's own keys still win (a row is what its name says)."""
+    import yaml
+
+    import pipeline.config as config
+
+    preset = yaml.safe_load((config.PRESET_DIR / "synthetic.yaml").read_text())
+    preset["variant_params"] = {"linear_ce": {"incremental": {"lr": 0.01, "grad_clip_norm": 2.0}},
+                                "dual_ssm_frozen": {"incremental": {"lr": 0.03, "lambda1": 5.0}}}
+    (tmp_path / "tuned.yaml").write_text(yaml.safe_dump(preset))
+    monkeypatch.setattr(config, "PRESET_DIR", tmp_path)
+    lin = build_config(_params("tuned", "linear_ce"))
+    assert (lin.incremental.lr, lin.incremental.grad_clip_norm, lin.model.classifier) == (0.01, 2.0, "linear")
+    plain = build_config(_params("tuned", "dual_ssm"))
+    assert (plain.incremental.lr, plain.incremental.grad_clip_norm) == (preset["incremental"]["lr"], None)
+    frozen = build_config(_params("tuned", "dual_ssm_frozen"))
+    assert frozen.incremental.lr == 0.03 and frozen.incremental.lambda1 == 0.0  # the row has no suppression
+    # params.yaml's entry over the preset's, key by key; a plain params.yaml key does not beat a variant's value
+    params = {**_params("tuned", "linear_ce", lr=0.5), "variant_params": {"linear_ce": {"incremental": {"lr": 0.02}}}}
+    lin = build_config(params)
+    assert (lin.incremental.lr, lin.incremental.grad_clip_norm) == (0.02, 2.0)
+    assert build_config({**params, "variant": None}).incremental.lr == 0.5
+
+
+@pytest.mark.parametrize("values,needle", [
+    ({"linear": {}}, "names variant 'linear', which does not exist"),
+    ({"linear_ce": {"incr": {"lr": 0.1}}}, "variant_params.linear_ce.incr is not a params section"),
+    ({"linear_ce": {"incremental": {"lrr": 0.1}}}, "unknown key variant_params.linear_ce.incremental.lrr"),
+    ({"linear_ce": 3}, "variant_params.linear_ce must map params sections"),
+    ([1], "variant_params must be a mapping"),
+])
+def test_bad_variant_params_name_the_key(values, needle):
+    with pytest.raises(FSCILError, match=needle.replace(".", r"\.").replace("(", r"\(")):
+        build_config({**_params("synthetic", None), "variant_params": values})
+    with pytest.raises(FSCILError, match="must be > 0"):  # a value is checked when its variant is built
+        build_config({**_params("synthetic", "linear_ce"), "variant_params": {"linear_ce": {"incremental": {"lr": 0}}}})
