@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
 import pytest
 import yaml
 
+from pipeline.models.projector import Projector
 from pipeline.training import incremental_session
 from pipeline.training.incremental_session import loss_rose
 from tests.pipeline_fixtures import TINY_PARAMS, cli, write_params
@@ -101,6 +103,28 @@ def test_non_finite_loss_stops_naming_the_step(tiny_run, tmp_path):
     _assert_one_line_error(result, "non-finite loss at epoch", "step")
     # the earlier (complete) base output is still the one in place, untouched
     assert (data / "base" / "model.safetensors").read_bytes() == (paths.base / "model.safetensors").read_bytes()
+
+
+def test_overflowing_features_are_a_non_finite_loss_not_a_silent_flat_one(tiny_run, tmp_path, monkeypatch):
+    """Measured in an Omniglot selection (base.dr_scale 30): the projector's features grew until their norm
+    overflowed float32; F.normalize then gave 0, so the DR loss sat at exactly 0.5 x scale with no gradient for 185
+    epochs and a model at chance (2.5 %) was written as a result. Overflowing features now make a non-finite loss."""
+    _, params, paths = tiny_run
+    data = tmp_path / "data"
+    shutil.copytree(paths.data_dir, data, ignore=shutil.ignore_patterns("sessions", "report"))
+    real = Projector.forward
+
+    def overflowing(self, *args, **kwargs):  # finite features whose norm overflows float32
+        out = real(self, *args, **kwargs)
+        return dataclasses.replace(out, mu=out.mu * 1e20)
+
+    monkeypatch.setattr(Projector, "forward", overflowing)
+    result = cli("stage", "base", "--params", str(params), "--data-dir", str(data), "-q")
+    _assert_one_line_error(result, "base training: non-finite loss at epoch 1 step 1", "nothing written")
+    assert (data / "base" / "model.safetensors").read_bytes() == (paths.base / "model.safetensors").read_bytes()
+    result = cli("stage", "incremental", "--session", "1", "--params", str(params), "--data-dir", str(data), "-q")
+    _assert_one_line_error(result, "session 1: non-finite loss at step 1")
+    assert not (data / "sessions" / "session_1").exists()
 
 
 def test_a_session_whose_loss_rises_is_refused_as_diverged(tiny_run, tmp_path, monkeypatch):

@@ -33,6 +33,19 @@ def test_etf_is_a_fixed_buffer_and_masks_unseen_classes():
     assert LinearClassifier(16, 10)(mu, 3).shape == (4, 3)
 
 
+def test_etf_logits_are_cosines_and_an_overflowing_feature_is_nan_not_zero():
+    head = ETFClassifier(16, 6, seed=1)
+    mu = torch.randn(8, 16, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 5
+    reference = F.normalize(mu, dim=1) @ head.weight.double()  # float64 cosines
+    assert torch.allclose(head(mu.float()).double(), reference, atol=1e-6)
+    assert torch.equal(head(mu.float()), F.normalize(mu.float(), dim=-1) @ head.weight)  # bitwise F.normalize
+    big = mu.float().clone()
+    big[2] *= 1e20  # finite entries, a norm that overflows float32: F.normalize would give cosine 0 everywhere
+    logits = head(big)
+    assert torch.isnan(logits[2]).all() and torch.equal(logits[[0, 1, 3]], head(mu.float())[[0, 1, 3]])
+    assert torch.isfinite(head(torch.zeros(1, 16))).all()  # a zero feature keeps F.normalize's 0
+
+
 def test_etf_needs_enough_dimensions():
     with pytest.raises(ValueError):
         simplex_etf(8, 10)

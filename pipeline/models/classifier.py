@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from pipeline.losses.classification import cross_entropy_loss, dot_regression_loss
@@ -41,7 +40,11 @@ class ETFClassifier(nn.Module):
 
     def forward(self, mu: torch.Tensor, num_seen: int | None = None) -> torch.Tensor:
         w = self.weight if num_seen is None else self.weight[:, :num_seen]
-        return F.normalize(mu, dim=-1) @ w
+        # F.normalize's own arithmetic, except where the norm overflows float32: F.normalize then returns 0 (cosine 0
+        # to every class: a DR loss flat at 0.5 x scale with no gradient, a dead model that trains on silently);
+        # NaN there turns it into the non-finite loss the training loops refuse
+        norm = mu.norm(2, dim=-1, keepdim=True)
+        return torch.where(torch.isfinite(norm), mu / norm.clamp_min(1e-12), torch.nan) @ w
 
     def prototypes(self, num_seen: int) -> torch.Tensor:
         """(num_seen, D'): row k is class k's target direction."""
