@@ -33,6 +33,14 @@ RUNS_FILE = "runs.json"
 def _digest(values: dict) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
+
+def run_key(cfg) -> str:
+    """A study run's key: its variant, seed and every value it reads (a changed one is a new run); the `selection`
+    section, which no run reads, is left out, so new selection candidates keep the stored runs."""
+    values = {name: value for name, value in cfg.to_dict().items() if name != "selection"}
+    return f"{cfg.variant}/s{cfg.seed}/{_digest(values)}"
+
+
 SCORES = ("base", "final", "avg", "pd")
 PROTOTYPE = "prototype (backbone NCM)"
 
@@ -50,7 +58,7 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
     for seed in seeds:
         for variant in variants:
             cfg = build_config({**params, "variant": variant, "seed": seed})
-            key = f"{variant}/s{seed}/{_digest(cfg.to_dict())}"  # a changed param is a new run
+            key = run_key(cfg)
             keys.append(key)
             if key not in runs:
                 pack = work / "packs" / f"{_digest(cfg.to_dict()['data'])}.h5"

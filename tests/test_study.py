@@ -91,3 +91,18 @@ def test_a_diverging_run_is_listed_not_averaged(tmp_path, monkeypatch):
     table = pd.read_csv(out / "table.csv", header=[0, 1], index_col=0)
     assert table.loc["mamba_fscil", ("seeds", "n")] == 1
     assert "mamba_fscil seed 1 diverged: session 1: non-finite loss" in (out / "table.md").read_text()
+
+
+def test_run_key_covers_what_a_run_reads_and_not_the_selection_candidates():
+    from pipeline.config import build_config
+
+    def key(**extra):
+        return study.run_key(build_config({**TINY_PARAMS, "variant": "linear_ce", "seed": 1, **extra}))
+
+    plain = key()
+    assert plain.startswith("linear_ce/s1/")
+    assert key(selection={"lr": [0.1, 0.01], "lambda1": [3.0]}) == plain  # no run reads the candidates
+    assert key(incremental={**TINY_PARAMS.get("incremental", {}), "lr": 0.0123}) != plain
+    assert key(variant_params={"linear_ce": {"incremental": {"lr": 0.0123}}}) != plain  # its own selected values
+    assert key(variant_params={"dual_ssm_frozen": {"incremental": {"lr": 0.0123}}}) == plain  # another row's
+    assert key(seed=2) != plain
