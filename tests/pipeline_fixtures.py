@@ -12,6 +12,7 @@ from stages.cli import app
 TINY_PARAMS = {
     "preset": "synthetic",
     "variant": None,
+    "variant_params": None,
     "seed": 0,
     "device": "cpu",
     "threads": 2,
