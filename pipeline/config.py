@@ -17,6 +17,7 @@ import yaml
 
 from pipeline.config_fields import check
 from pipeline.config_sections import (
+    SECTION_TYPES,
     BaseConfig,
     DataConfig,
     ExtractConfig,
@@ -89,8 +90,6 @@ def _variant_params(values: Any, where: str) -> dict[str, dict[str, dict[str, An
         return {}
     if not isinstance(values, dict):
         raise FSCILError(f"{where}: variant_params must be a mapping of variant names to params sections")
-    fields = {"data": DataConfig, "model": ModelConfig, "base": BaseConfig, "extract": ExtractConfig,
-              "incremental": IncrementalConfig, "selection": SelectionConfig}
     for variant, sections in values.items():
         if variant not in available_variants():
             raise FSCILError(f"{where}: variant_params names variant {variant!r}, which does not exist "
@@ -98,10 +97,10 @@ def _variant_params(values: Any, where: str) -> dict[str, dict[str, dict[str, An
         if not isinstance(sections, dict) or not all(isinstance(v, dict) for v in sections.values()):
             raise FSCILError(f"{where}: variant_params.{variant} must map params sections to mappings")
         for name, section in sections.items():
-            if name not in fields:
+            if name not in SECTION_TYPES:
                 raise FSCILError(f"{where}: variant_params.{variant}.{name} is not a params section "
                                  f"(valid: {', '.join(SECTIONS)})")
-            names = {f.name for f in dataclasses.fields(fields[name])}
+            names = {f.name for f in dataclasses.fields(SECTION_TYPES[name])}
             unknown = sorted(set(section) - names)
             if unknown:
                 raise FSCILError(f"{where}: unknown key variant_params.{variant}.{name}.{unknown[0]}")

@@ -423,12 +423,11 @@ class SelectionConfig(SectionConfig):
             check(getattr(self, key) is None or getattr(self, key) >= 1, "selection", key, "must be >= 1 or null")
         check(self.protocols >= 1, "selection", "protocols", "must be >= 1")
         # a base-stage or schedule-stage candidate must be a valid value of its key: that section's own rule
-        sections = {"base": BaseConfig, "extract": ExtractConfig, "incremental": IncrementalConfig}
         for section, key, name in ([("base", key, f"base_{key}") for key in BASE_SELECTION_KEYS]
                                    + [(section, key, key) for section, key in SCHEDULE_SELECTION_KEYS]):
             for value in getattr(self, name):
                 try:
-                    sections[section](**{key: value})
+                    SECTION_TYPES[section](**{key: value})
                 except FSCILError as err:
                     fail("selection", name, f"lists {value!r}: {str(err).removeprefix('params: ')}")
         for key in ("freeze_base", "suppression", "k_paths", "inc_init", "lambda1", "lambda2", "lambda3"):
@@ -441,3 +440,9 @@ class SelectionConfig(SectionConfig):
         check(set(self.inc_init) <= {"random", "base"}, "selection", "inc_init", "must be a list of random or base")
         for key in ("lambda1", "lambda2", "lambda3"):
             check(min(getattr(self, key)) >= 0, "selection", key, "must be >= 0")
+
+
+# every params.yaml section and its dataclass
+SECTION_TYPES: dict[str, type[SectionConfig]] = {
+    "data": DataConfig, "model": ModelConfig, "base": BaseConfig, "extract": ExtractConfig,
+    "incremental": IncrementalConfig, "selection": SelectionConfig}
