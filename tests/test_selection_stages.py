@@ -1,0 +1,300 @@
+"""`fscil select`'s stages beyond the paper's order: the base stage (one pseudo base model per candidate), the
+schedule / training-set stage (repeated passes, the memory's stores, session lr and clipping), a variant's own
+selection, several pseudo protocols, and diverging candidates."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+import yaml
+
+import pipeline.selection as selection
+from pipeline.config import build_config, load_config
+from pipeline.config_sections import SelectionConfig
+from pipeline.data.pack import ImagePack
+from pipeline.errors import FSCILError, TrainingDiverged
+from pipeline.store.feature_store import FeatureStore
+from pipeline.training.base_model import MODEL_FILE
+from pipeline.training.checkpoint import load_checkpoint
+from tests.selection_fixtures import TINY_SELECTION, prepared_pack
+
+
+@pytest.fixture(scope="module")
+def real_pack(tmp_path_factory):
+    return prepared_pack(tmp_path_factory.mktemp("selection_stages"))
+
+
+def test_schedule_stage_comes_first_and_only_when_asked():
+    keys = [key for _, key, _, _ in selection.selection_order(SelectionConfig())]
+    assert keys[0] == "incremental.freeze_base" and "incremental.steps" not in keys  # the paper's protocol
+    sets = SelectionConfig(steps=[[100], [200]], mixup_prob=[0.5, 0.0])
+    order = selection.selection_order(sets)
+    assert [(stage, key) for stage, key, _, _ in order[:3]] == [
+        ("schedule", "incremental.steps"), ("schedule", "incremental.mixup_prob"),
+        ("architecture", "incremental.freeze_base")]
+    assert order[0][2] == [[100], [200]] and order[0][3] == {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
+    # the base stage (ours) precedes everything: each later candidate runs on the chosen base model
+    sets = SelectionConfig(base_epochs=[20, 40], base_dr_scale=[1.0, 10.0], base_cutmix_alpha=[0.0, 1.0],
+                           base_mixup_alpha=[0.0, 0.2], base_mix_prob=[0.5, 1.0], steps=[[100], [200]])
+    assert [(stage, key) for stage, key, _, _ in selection.selection_order(sets)[:7]] == [
+        ("base", "base.epochs"), ("base", "base.dr_scale"), ("base", "base.mixup_alpha"),
+        ("base", "base.cutmix_alpha"), ("base", "base.mix_prob"), ("schedule", "incremental.steps"),
+        ("architecture", "incremental.freeze_base")]
+    # the memory (paper's memory ablation) is part of the training set: before replay / base_copy, which act on its
+    # rows, and before the architecture
+    sets = SelectionConfig(base_copy=[[1], [5]], replay=["mean", "shots"], memory=["mean", "sampled"],
+                           memory_k=[2, 4])
+    assert [key for _, key, _, _ in selection.selection_order(sets)[:5]] == [
+        "extract.memory", "extract.memory_k", "incremental.replay", "incremental.base_copy",
+        "incremental.freeze_base"]
+
+
+def test_training_set_keys_repeat_until_a_pass_changes_nothing(real_pack, tmp_path, monkeypatch):
+    """Interacting training-set keys: one greedy pass would stop at (mean, mean, [5]); the repeated passes reach
+    (sampled, k 4, shots, [1]), memory_k is not tried while the memory is the class mean, and a pass that changes
+    nothing ends the stage."""
+    params, paths = real_pack
+    cfg = load_config(params)
+    cfg = dataclasses.replace(  # start from memory mean, replay mean, base_copy [1], whatever the preset says
+        cfg, extract=dataclasses.replace(cfg.extract, memory="mean", memory_k=1),
+        incremental=dataclasses.replace(cfg.incremental, replay="mean", base_copy=[1]))
+    table = {("mean", "mean", (1,)): 0.0, ("sampled", "mean", (1,)): -1.0, ("mean", "shots", (1,)): -0.5,
+             ("mean", "mean", (5,)): 1.0, ("sampled", "mean", (5,)): 2.0, ("sampled", "shots", (5,)): 4.0,
+             ("sampled", "shots", (1,)): 5.0, ("mean", "shots", (5,)): 0.5}
+    calls: list = []
+
+    def run(cand, pseudo_pack_path, work_dir, base_cache):
+        inc, ext = cand.incremental, cand.extract
+        key = (ext.memory, inc.replay, tuple(inc.base_copy))
+        calls.append((*key, ext.memory_k, json.dumps(cand.to_dict(), sort_keys=True)))
+        avg = table[key] + (ext.memory_k == 4 if ext.memory == "sampled" else 0.0)
+        return {"avg": avg, "final": avg, "pd": 0.0, "base": 50.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    sets = SelectionConfig(memory=["mean", "sampled"], memory_k=[2, 4], replay=["mean", "shots"],
+                           base_copy=[[1], [5]], freeze_base=[False], suppression=["z"], k_paths=[4],
+                           inc_init=["random"], lambda1=[10.0], lambda2=[0.0], lambda3=[0.0])
+    result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+
+    chosen = result["chosen"]
+    assert (chosen["extract.memory"], chosen["extract.memory_k"], chosen["incremental.replay"],
+            chosen["incremental.base_copy"]) == ("sampled", 4, "shots", [1])
+    stages = [(row["stage"], row["key"]) for row in result["rows"]]
+    # pass 1 skips memory_k (the memory is the mean); pass 2 changes every key; pass 3 changes none and ends it
+    assert stages[:6] == [("schedule", "extract.memory")] * 2 + [("schedule", "incremental.replay")] * 2 + [
+        ("schedule", "incremental.base_copy")] * 2
+    assert [s for s, _ in stages].count("schedule (pass 2)") == 8
+    assert [s for s, _ in stages].count("schedule (pass 3)") == 8
+    assert not any(s.startswith("schedule (pass 4") for s, _ in stages)
+    assert all(memory == "sampled" or k == cfg.extract.memory_k for memory, _, _, k, _ in calls)
+    assert len(calls) == len(set(calls))  # a candidate seen in an earlier pass is read from the cache
+
+
+def test_a_first_pass_that_keeps_the_configured_training_set_is_the_only_one(real_pack, tmp_path, monkeypatch):
+    """When every training-set key keeps its configured value in pass 1, no second pass runs."""
+    params, paths = real_pack
+    cfg = load_config(params)
+    cfg = dataclasses.replace(cfg, extract=dataclasses.replace(cfg.extract, memory="mean", memory_k=1),
+                              incremental=dataclasses.replace(cfg.incremental, replay="shots", base_copy=[5]))
+    scores = {"extract.memory": {"mean": 1.0}, "incremental.replay": {"shots": 1.0},
+              "incremental.base_copy": {(5,): 1.0}}
+
+    def run(cand, pseudo_pack_path, work_dir, base_cache):
+        values = {"extract.memory": cand.extract.memory, "incremental.replay": cand.incremental.replay,
+                  "incremental.base_copy": tuple(cand.incremental.base_copy)}
+        avg = sum(scores[key].get(value, 0.0) for key, value in values.items())
+        return {"avg": avg, "final": avg, "pd": 0.0, "base": 50.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    sets = SelectionConfig(memory=["mean", "sampled"], memory_k=[4], replay=["mean", "shots"],
+                           base_copy=[[1], [5]], freeze_base=[False], suppression=["z"], k_paths=[4],
+                           inc_init=["random"], lambda1=[10.0], lambda2=[0.0], lambda3=[0.0])
+    result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    stages = [row["stage"] for row in result["rows"]]
+    assert stages.count("schedule") == 6 and not any(s.startswith("schedule (pass") for s in stages)
+    assert (result["chosen"]["extract.memory"], result["chosen"]["incremental.replay"],
+            result["chosen"]["incremental.base_copy"]) == ("mean", "shots", [5])
+
+
+def test_memory_candidates_share_the_base_model_and_get_their_own_store(real_pack, tmp_path, monkeypatch):
+    """extract.memory candidates train one pseudo base model between them (the base does not depend on the memory)
+    and each extracts its own feature store, whose memory follows the candidate's rule."""
+    params, paths = real_pack
+    trained = []
+    train_base = selection.train_base
+    monkeypatch.setattr(selection, "train_base", lambda cfg, *a, **k: trained.append(cfg) or train_base(cfg, *a, **k))
+    sets = SelectionConfig(**{**TINY_SELECTION, "freeze_base": [True], "memory": ["mean", "sampled"]})
+    result = selection.select(load_config(params), paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    assert len(trained) == 1
+    (base,) = (tmp_path / "work" / "bases").iterdir()
+    stores = sorted((base / "stores").iterdir())
+    assert len(stores) == 2  # mean, sampled
+    rules = sorted(FeatureStore.open(s / "features.zarr").memory_rule[0] for s in stores)
+    assert rules == ["mean", "sampled"]
+    assert [r["value"] for r in result["rows"] if r["key"] == "extract.memory"] == ["mean", "sampled"]
+    assert result["chosen"]["extract.memory"] in ("mean", "sampled")
+
+
+def test_base_stage_candidates_each_train_their_own_base_model(real_pack, tmp_path):
+    """A real tiny base stage: each base.lr candidate is its own pseudo base model (own cache entry, own
+    weights); the later stages run on the chosen one without training another."""
+    params, paths = real_pack
+    sets = SelectionConfig(**{**TINY_SELECTION, "freeze_base": [True], "base_lr": [0.01, 0.2]})
+    result = selection.select(load_config(params), paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    bases = sorted((tmp_path / "work" / "bases").iterdir())
+    assert len(bases) == 2  # one per base.lr candidate, none more for the later stages
+    weights = [load_checkpoint(b / "base" / MODEL_FILE)[0] for b in bases]
+    assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    rows = [r for r in result["rows"] if r["key"] == "base.lr"]
+    assert [r["value"] for r in rows] == [0.01, 0.2]
+    best = max(rows, key=lambda r: r["avg"])["value"]
+    assert result["chosen"]["base.lr"] == best
+    later = [r for r in result["rows"] if r["key"] != "base.lr"]
+    assert later and all(r["avg"] == max(row["avg"] for row in rows) for r in later)  # the chosen base, cached
+
+
+def test_a_diverging_candidate_loses_and_the_selection_goes_on(real_pack, tmp_path, monkeypatch):
+    params, paths = real_pack
+    cfg = load_config(params)
+
+    def run(cand, *args):
+        if cand.incremental.lambda1 == 30.0:
+            raise TrainingDiverged("session 1: non-finite loss at step 10; nothing written")
+        return {"avg": 50.0 + cand.incremental.lambda1, "final": 1.0, "pd": 1.0, "base": 1.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    sets = SelectionConfig(freeze_base=[True], suppression=["z"], k_paths=[4], inc_init=["random"],
+                           lambda1=[1.0, 10.0, 30.0], lambda2=[0.0], lambda3=[0.0])
+    result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    assert result["chosen"]["incremental.lambda1"] == 10.0  # 30 would score highest had it not diverged
+    rows = [r for r in result["rows"] if r["key"] == "incremental.lambda1"]
+    assert [r["diverged"] for r in rows] == [False, False, True] and math.isnan(rows[2]["avg"])
+
+
+def test_session_lr_and_clipping_are_schedule_keys_reaching_the_candidates(real_pack, tmp_path, monkeypatch):
+    """selection.lr / grad_clip_norm (a variant such as linear + CE may need its own): chosen first in the schedule
+    stage, each candidate runs with that value, and a chosen `null` (no clipping) survives the params fragment."""
+    params, paths = real_pack
+    cfg = load_config(params)
+    sets = SelectionConfig(**{**TINY_SELECTION, "freeze_base": [True], "lr": [0.1, 0.01],
+                              "grad_clip_norm": [1.0, None], "steps": [[5], [10]]})
+    assert [key for _, key, _, _ in selection.selection_order(sets)[:4]] == [
+        "incremental.lr", "incremental.grad_clip_norm", "incremental.steps", "incremental.freeze_base"]
+    seen: list = []
+
+    def run(cand, *args):
+        inc = cand.incremental
+        seen.append((inc.lr, inc.grad_clip_norm, inc.steps[0]))
+        if inc.lr == 0.1 and inc.grad_clip_norm is None:  # the configured lr without clipping diverges
+            raise TrainingDiverged("session 1: non-finite loss at step 3; nothing written")
+        avg = 60.0 + 5.0 * (inc.lr == 0.01) + 1.0 * (inc.grad_clip_norm is None) + 0.5 * (inc.steps == [10])
+        return {"avg": avg, "final": 1.0, "pd": 1.0, "base": 1.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    result = selection.select(dataclasses.replace(cfg, incremental=dataclasses.replace(cfg.incremental, lr=0.1)),
+                              paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    assert result["chosen"]["incremental.lr"] == 0.01
+    assert result["chosen"]["incremental.grad_clip_norm"] is None  # 0.01 without clipping beats 0.01 with it
+    assert result["chosen"]["incremental.steps"] == [10]
+    assert {(0.1, None), (0.01, None), (0.01, 1.0)} <= {(lr, clip) for lr, clip, _ in seen}
+    fragment = yaml.safe_load((tmp_path / "out" / "selected.yaml").read_text())
+    assert fragment["incremental"]["lr"] == 0.01 and fragment["incremental"]["grad_clip_norm"] is None
+    assert "grad_clip_norm" in fragment["incremental"]
+
+
+def test_a_variants_selection_holds_its_own_keys_and_writes_variant_params(real_pack, tmp_path, monkeypatch):
+    """`fscil select` with `variant: dual_ssm_frozen`: the keys the row fixes (freeze_base, lambda1-3) are not
+    selected (every candidate runs with the row's values), and selected.yaml nests the choice under
+    variant_params.dual_ssm_frozen, so merged into params.yaml it changes that row alone."""
+    params, paths = real_pack
+    values = yaml.safe_load(params.read_text())
+    cfg = build_config({**values, "variant": "dual_ssm_frozen"})
+    seen: list = []
+
+    def run(cand, *args):
+        inc = cand.incremental
+        seen.append((inc.lr, inc.freeze_base, inc.lambda1, inc.lambda2, inc.lambda3))
+        return {"avg": 60.0 + 5.0 * (inc.lr == 0.03), "final": 1.0, "pd": 1.0, "base": 1.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    sets = SelectionConfig(**{**TINY_SELECTION, "lr": [0.1, 0.03], "lambda1": [1.0, 10.0]})
+    result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    assert set(result["chosen"]) == {"incremental.lr", "incremental.suppression", "model.k_paths",
+                                     "incremental.inc_init"}
+    assert result["chosen"]["incremental.lr"] == 0.03
+    assert {s[1:] for s in seen} == {(True, 0.0, 0.0, 0.0)}  # the row's own values throughout
+    fragment = yaml.safe_load((tmp_path / "out" / "selected.yaml").read_text())
+    assert list(fragment) == ["variant_params"] and fragment["variant_params"]["dual_ssm_frozen"]["incremental"][
+        "lr"] == 0.03
+    merged = {**values, **fragment}
+    assert build_config({**merged, "variant": "dual_ssm_frozen"}).incremental.lr == 0.03
+    assert build_config({**merged, "variant": "dual_ssm"}).incremental.lr == cfg.incremental.lr != 0.03
+
+
+def test_several_pseudo_protocols_score_the_mean(real_pack, tmp_path, monkeypatch):
+    """protocols=2: every candidate runs on both pseudo packs (seeds 5 and 6, each seeding its own training) and the
+    choice follows the mean AVG, not the first protocol alone; stage 0 takes replay, copy, base_copy in order."""
+    params, paths = real_pack
+    cfg = load_config(params)
+    calls: list = []
+
+    def run(cand, pack_path, work_dir, base_cache):
+        with ImagePack.open(pack_path) as pack:
+            seed = pack.provenance["selection"]["seed"]
+        calls.append((cand.seed, seed, cand.incremental.replay, cand.incremental.copy,
+                      tuple(cand.incremental.base_copy)))
+        # seed 5 prefers replay=mean by 1 point, seed 6 prefers shots by 3: the mean prefers shots
+        avg = 50.0 + {("mean", 5): 1.0, ("shots", 6): 3.0}.get((cand.incremental.replay, seed), 0.0)
+        avg += 2.0 * (cand.incremental.copy == 3) + 1.0 * (cand.incremental.base_copy == [2])
+        return {"avg": avg, "final": avg, "pd": 0.0, "base": 50.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    sets = SelectionConfig(seed=5, protocols=2, replay=["mean", "shots"], copy=[1, 3], base_copy=[[1], [2]],
+                           freeze_base=[True], suppression=["z"], k_paths=[4], inc_init=["random"],
+                           lambda1=[10.0], lambda2=[0.0], lambda3=[0.0])
+    result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    assert {(c[0], c[1]) for c in calls} == {(5, 5), (6, 6)}  # each run's training seed is its protocol's
+    assert [c[2:] for c in calls[:4]] == [("mean", 1, (1,))] * 2 + [("shots", 1, (1,))] * 2
+    assert result["chosen"]["incremental.replay"] == "shots"
+    assert result["chosen"]["incremental.copy"] == 3 and result["chosen"]["incremental.base_copy"] == [2]
+    assert [p["seed"] for p in result["pseudo_protocols"]] == [5, 6]
+    assert result["pseudo_protocols"][0]["content_hash"] != result["pseudo_protocols"][1]["content_hash"]
+    row = result["rows"][1]
+    assert (row["value"], row["avg"], row["avg_seed5"], row["avg_seed6"]) == ("shots", 51.5, 50.0, 53.0)
+    assert "seeds 5, 6" in (tmp_path / "out" / "selected.yaml").read_text()
+
+
+def test_a_key_whose_every_candidate_diverges_is_an_error(real_pack, tmp_path, monkeypatch):
+    """A diverging candidate loses; when all of a key's candidates diverge (on any protocol) nothing can be chosen,
+    and the selection says so instead of keeping a value that diverged."""
+    params, paths = real_pack
+    cfg = load_config(params)
+
+    def run(cand, pack_path, work_dir, base_cache):
+        with ImagePack.open(pack_path) as pack:
+            seed = pack.provenance["selection"]["seed"]
+        if cand.incremental.lambda3 > 0 and seed == 1:  # diverges on the second protocol only
+            raise TrainingDiverged("session 2: non-finite loss at step 3; nothing written")
+        return {"avg": 50.0, "final": 50.0, "pd": 0.0, "base": 50.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    sets = SelectionConfig(seed=0, protocols=2, freeze_base=[True], suppression=["z"], k_paths=[4],
+                           inc_init=["random"], lambda1=[10.0], lambda2=[0.0], lambda3=[0.1, 0.5])
+    with pytest.raises(FSCILError, match=r"every candidate of incremental.lambda3 \(0.1, 0.5\) diverged"):
+        selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    sets = dataclasses.replace(sets, lambda3=[0.0, 0.1])
+    assert selection.select(cfg, paths.pack, tmp_path / "out", sets,
+                            work_dir=tmp_path / "work2")["chosen"]["incremental.lambda3"] == 0.0
+
+
+def test_memory_k_keys_a_store_only_under_the_sampled_rule(real_pack):
+    cfg = load_config(real_pack[0])
+    key = {(memory, k): selection._key(selection.with_values(cfg, {"extract.memory": memory, "extract.memory_k": k}),
+                                       selection.STORE_SECTIONS, "pack")
+           for memory in ("mean", "random", "sampled") for k in (2, 4)}
+    assert key["mean", 2] == key["mean", 4] and key["random", 2] == key["random", 4]
+    assert key["sampled", 2] != key["sampled", 4] and len({key["mean", 2], key["random", 2], key["sampled", 2]}) == 3
