@@ -76,16 +76,23 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return values
 
 
+def variant_sections(variant: str | None) -> dict[str, dict[str, Any]]:
+    """What a named variant (pipeline/variants/<name>.yaml) sets itself, by section ({} for none)."""
+    if variant is None:
+        return {}
+    if variant not in available_variants():
+        raise FSCILError(f"params: variant {variant!r} does not exist (choose from {', '.join(available_variants())})")
+    return read_yaml(VARIANT_DIR / f"{variant}.yaml")
+
+
 def variant_keys(variant: str | None) -> set[str]:
     """The dotted keys a named variant sets itself (they win over the preset, params and variant_params)."""
-    if variant is None:
-        return set()
-    return {f"{name}.{key}" for name, section in read_yaml(VARIANT_DIR / f"{variant}.yaml").items() for key in section}
+    return {f"{name}.{key}" for name, section in variant_sections(variant).items() for key in section}
 
 
 def _variant_params(values: Any, where: str) -> dict[str, dict[str, dict[str, Any]]]:
-    """`variant_params: {<variant>: {<section>: {<key>: value}}}` checked for known variants, sections and keys
-    (the values themselves are checked when that variant's config is built)."""
+    """`variant_params: {<variant>: {<section>: {<key>: value}}}` checked for known variants and sections, and each
+    section's values by that section's own rules (on every run, not only the variant's)."""
     if values is None:
         return {}
     if not isinstance(values, dict):
@@ -100,10 +107,10 @@ def _variant_params(values: Any, where: str) -> dict[str, dict[str, dict[str, An
             if name not in SECTION_TYPES:
                 raise FSCILError(f"{where}: variant_params.{variant}.{name} is not a params section "
                                  f"(valid: {', '.join(SECTIONS)})")
-            names = {f.name for f in dataclasses.fields(SECTION_TYPES[name])}
-            unknown = sorted(set(section) - names)
-            if unknown:
-                raise FSCILError(f"{where}: unknown key variant_params.{variant}.{name}.{unknown[0]}")
+            try:  # the section's own key, type and range rules, on these values alone
+                SECTION_TYPES[name].from_dict(section)
+            except FSCILError as err:
+                raise FSCILError(f"{where}: variant_params.{variant}: {str(err).removeprefix('params: ')}") from None
     return values
 
 
@@ -133,17 +140,15 @@ def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
         merged.setdefault(name, {})
         merged[name].update({k: v for k, v in section.items() if v is not None})
     variant = params.get("variant")
+    # a named ablation row (pipeline/variants/<name>.yaml) is what its name says: the keys it sets (projector, which
+    # losses are off) win over the preset, params.yaml and the values selected for it; every other key comes from them
+    own = variant_sections(variant)
     if variant is not None:
-        # a named ablation row (pipeline/variants/<name>.yaml) is what its name says: the keys it sets (projector,
-        # which losses are off) win over the preset and params.yaml; every other key comes from them
-        if variant not in available_variants():
-            raise FSCILError(f"params: variant {variant!r} does not exist "
-                             f"(choose from {', '.join(available_variants())})")
         for source in per_variant:
             for name, section in source.get(variant, {}).items():
                 merged[name].update({k: v for k, v in section.items() if v is not None})
-        for name, section in read_yaml(VARIANT_DIR / f"{variant}.yaml").items():
-            merged.setdefault(name, {}).update(section)
+    for name, section in own.items():
+        merged.setdefault(name, {}).update(section)
     merged["variant"] = variant
     merged["sessions"] = params.get("sessions")
     return merged

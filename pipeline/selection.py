@@ -318,9 +318,10 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
 
     # a named variant is what its name says: the keys it sets itself (a row's projector, its losses off) are held
     fixed = variant_keys(cfg.variant)
-    order = [entry for entry in selection_order(sel) if entry[1] not in fixed]
-    if fixed & {key for _, key, _, _ in selection_order(sel)}:
-        say(f"variant {cfg.variant} fixes {', '.join(sorted(fixed))}: not selected")
+    order = selection_order(sel)
+    if held := sorted(fixed & {key for _, key, _, _ in order}):
+        say(f"variant {cfg.variant} fixes {', '.join(held)}: not selected")
+    order = [entry for entry in order if entry[1] not in fixed]
     for stage, entries in itertools.groupby(order, key=lambda entry: entry[0]):
         group = list(entries)
         # the training-set keys interact (base_copy repeats the memory's rows, replay picks what stands for a class),

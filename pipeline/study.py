@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.atomic import atomic_output, atomic_write_text
-from pipeline.config import build_config
+from pipeline.config import Config, build_config
 from pipeline.data.prepare import build_pack
 from pipeline.errors import TrainingDiverged
 from pipeline.selection import run_candidate
@@ -34,7 +34,7 @@ def _digest(values: dict) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def run_key(cfg) -> str:
+def run_key(cfg: Config) -> str:
     """A study run's key: its variant, seed and every value it reads (a changed one is a new run); the `selection`
     section, which no run reads, is left out, so new selection candidates keep the stored runs."""
     values = {name: value for name, value in cfg.to_dict().items() if name != "selection"}

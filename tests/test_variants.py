@@ -104,12 +104,13 @@ def test_variant_params_apply_to_their_variant_only_params_over_preset_variant_k
 @pytest.mark.parametrize("values,needle", [
     ({"linear": {}}, "names variant 'linear', which does not exist"),
     ({"linear_ce": {"incr": {"lr": 0.1}}}, "variant_params.linear_ce.incr is not a params section"),
-    ({"linear_ce": {"incremental": {"lrr": 0.1}}}, "unknown key variant_params.linear_ce.incremental.lrr"),
+    ({"linear_ce": {"incremental": {"lrr": 0.1}}}, "variant_params.linear_ce: unknown key incremental.lrr"),
+    ({"linear_ce": {"incremental": {"lr": 0}}}, "variant_params.linear_ce: incremental.lr must be > 0"),
     ({"linear_ce": 3}, "variant_params.linear_ce must map params sections"),
     ([1], "variant_params must be a mapping"),
 ])
 def test_bad_variant_params_name_the_key(values, needle):
     with pytest.raises(FSCILError, match=needle.replace(".", r"\.").replace("(", r"\(")):
         build_config({**_params("synthetic", None), "variant_params": values})
-    with pytest.raises(FSCILError, match="must be > 0"):  # a value is checked when its variant is built
+    with pytest.raises(FSCILError, match="must be > 0"):  # the same when that variant is built
         build_config({**_params("synthetic", "linear_ce"), "variant_params": {"linear_ce": {"incremental": {"lr": 0}}}})
