@@ -197,6 +197,9 @@ class BaseConfig(SectionConfig):
     """Batch CutMix alpha (0: off)."""
     mix_prob: float = 1.0
     """Probability of mixing a batch when mixup/cutmix is on."""
+    unmixed_epochs: int = 0
+    """The last this many epochs train on unmixed batches (timm's mixup_off_epoch = epochs - this; 0: mixed to the
+    end). Ours: the fixed ETF vertices are then last fitted through whole, unmixed training images."""
     dr_scale: float = 1.0
     """Multiplier of the DR loss (the authors use 10)."""
     precise_bn: bool = False
@@ -212,7 +215,7 @@ class BaseConfig(SectionConfig):
             check(getattr(self, key) >= 1, "base", key, "must be >= 1")
         check(self.lr > 0, "base", "lr", "must be > 0")
         check(self.dr_scale > 0, "base", "dr_scale", "must be > 0")
-        for key in ("weight_decay", "mixup_alpha", "cutmix_alpha"):
+        for key in ("weight_decay", "mixup_alpha", "cutmix_alpha", "unmixed_epochs"):
             check(getattr(self, key) >= 0, "base", key, "must be >= 0")
         check(0 <= self.mix_prob <= 1, "base", "mix_prob", "must be in [0, 1]")
         check(self.warmup_steps >= 0, "base", "warmup_steps", "must be >= 0")
@@ -329,7 +332,7 @@ class IncrementalConfig(SectionConfig):
 
 # the base.<key>s the base stage of `fscil select` may choose, in this order (selection.base_<key> lists candidates)
 BASE_SELECTION_KEYS = ("epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha", "cutmix_alpha", "mix_prob",
-                       "precise_bn")
+                       "unmixed_epochs", "precise_bn")
 # the session schedule and training-set keys its schedule stage may choose, (section, key) in this order (the selection
 # field is named as the key): the memory before what is built from it (replay and copy act on the earlier classes'
 # memory rows, base_copy repeats the base classes' rows, so its best value depends on how many rows a class keeps)
@@ -374,6 +377,8 @@ class SelectionConfig(SectionConfig):
     """Base stage candidates of base.cutmix_alpha (0: no batch CutMix; empty: keep the configured value)."""
     base_mix_prob: list[float] = field(default_factory=list)
     """Base stage candidates of base.mix_prob (the share of batches mixed; empty: keep the configured value)."""
+    base_unmixed_epochs: list[int] = field(default_factory=list)
+    """Base stage candidates of base.unmixed_epochs (empty: keep the configured value)."""
     base_precise_bn: list[bool] = field(default_factory=list)
     """Base stage candidates of base.precise_bn (empty: keep the configured value)."""
     lr: list[float] = field(default_factory=list)

@@ -172,3 +172,25 @@ def test_mixing_is_deterministic_per_generator() -> None:
     runs = [mixup_cutmix(x, y, 8, 0.8, 1.0, 1.0, 0.5, torch.Generator().manual_seed(s)) for s in (1, 1, 2)]
     assert torch.equal(runs[0].images, runs[1].images) and torch.equal(runs[0].partner, runs[1].partner)
     assert not torch.equal(runs[0].images, runs[2].images)
+
+
+def test_the_last_unmixed_epochs_train_on_the_augmented_images_alone() -> None:
+    """base.unmixed_epochs: before the last k epochs a batch is mixed (alpha 1, every batch); in them it is exactly
+    train_augment's batch with its own targets and lam 1, from the same generator state."""
+    from pipeline.config_sections import BaseConfig
+    from pipeline.training.base_session import _base_batch
+
+    preset = PRESETS["synthetic"]
+    x = images(8, preset.input_size, seed=3)
+    y = torch.arange(8)
+    cfg = BaseConfig(epochs=10, mixup_alpha=1.0, unmixed_epochs=3)
+    for epoch, mixed in ((0, True), (6, True), (7, False), (9, False)):
+        xb, y_a, y_b, lam = _base_batch(x, y, 8, preset, cfg, epoch, torch.Generator().manual_seed(epoch))
+        plain_x = train_augment(x, preset, torch.Generator().manual_seed(epoch))
+        if mixed:
+            assert bool((lam < 1).any()) and not torch.equal(xb, plain_x)
+        else:
+            assert torch.equal(xb, plain_x) and torch.equal(lam, torch.ones(8))
+            assert torch.equal(y_a, y) and torch.equal(y_b, y)
+    never = BaseConfig(epochs=10, mixup_alpha=1.0)  # 0: mixed to the end, the previous behaviour
+    assert bool((_base_batch(x, y, 8, preset, never, 9, torch.Generator().manual_seed(9))[3] < 1).any())

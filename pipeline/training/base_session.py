@@ -112,14 +112,15 @@ def _resume(ckpt: Path, meta: dict, model: FSCILModel, opt: torch.optim.SGD) -> 
     return int(stored["epoch"]), list(stored["history"])
 
 
-def _base_batch(images: torch.Tensor, targets: torch.Tensor, num_base: int, preset, base_cfg,
+def _base_batch(images: torch.Tensor, targets: torch.Tensor, num_base: int, preset, base_cfg, epoch: int,
                 gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One global batch of eq. optim_base: augmented images, the two targets and lam of batch Mixup/CutMix
-    (target_b == target_a and lam == 1 when nothing is mixed)."""
+    (target_b == target_a and lam == 1 when nothing is mixed: Mixup/CutMix off, or one of the last unmixed_epochs)."""
     x = train_augment(images, preset, gen)
     y_a = y_b = targets
     lam = torch.ones(len(targets), device=images.device)
-    if base_cfg.mixup_alpha > 0 or base_cfg.cutmix_alpha > 0:
+    mixing = epoch < base_cfg.epochs - base_cfg.unmixed_epochs
+    if mixing and (base_cfg.mixup_alpha > 0 or base_cfg.cutmix_alpha > 0):
         mixed = mixup_cutmix(x, y_a, num_base, base_cfg.mixup_alpha, base_cfg.cutmix_alpha, base_cfg.mix_prob, 0.5,
                              gen)
         x, y_a, y_b, lam = mixed.images, mixed.target_a, mixed.target_b, mixed.lam
@@ -188,7 +189,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
                 set_lr(opt, warmup_cosine(step, total_steps, cfg.base.warmup_steps, 0.0, cfg.base.min_lr_ratio))
                 idx = order[i * batch:(i + 1) * batch]
                 gen = seeded_generator(cfg.seed, BASE_STEP_AUGMENT + step, device)
-                x, y_a, y_b, lam = _base_batch(images[idx], targets[idx], num_base, preset, cfg.base, gen)
+                x, y_a, y_b, lam = _base_batch(images[idx], targets[idx], num_base, preset, cfg.base, epoch, gen)
                 logits = net(x[local])
                 loss = mixed_loss(loss_fn, logits, y_a[local], y_b[local], lam[local], scale=scale)
                 # the global-batch loss (mean of the equal slices' means): every process logs and checks the same one
