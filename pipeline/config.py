@@ -15,21 +15,23 @@ from typing import Any
 
 import yaml
 
-from pipeline.config_fields import check
+from pipeline.config_fields import SectionConfig, check
 from pipeline.config_sections import (
-    SECTION_TYPES,
+    RUN_SECTION_TYPES,
     BaseConfig,
     DataConfig,
     ExtractConfig,
     IncrementalConfig,
     ModelConfig,
-    SelectionConfig,
 )
+from pipeline.config_selection import SelectionConfig
 from pipeline.errors import FSCILError
 
 PRESET_DIR = Path(__file__).parent / "presets"
 VARIANT_DIR = Path(__file__).parent / "variants"
-SECTIONS = ("data", "model", "base", "extract", "incremental", "selection")
+# every params.yaml section and its dataclass, in params.yaml's order
+SECTION_TYPES: dict[str, type[SectionConfig]] = {**RUN_SECTION_TYPES, "selection": SelectionConfig}
+SECTIONS = tuple(SECTION_TYPES)
 
 
 @dataclass

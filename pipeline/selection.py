@@ -34,7 +34,7 @@ import yaml
 
 from pipeline.atomic import atomic_output, atomic_write_text
 from pipeline.config import Config, variant_keys
-from pipeline.config_sections import BASE_SELECTION_KEYS, SCHEDULE_SELECTION_KEYS, SelectionConfig
+from pipeline.config_selection import BASE_SELECTION_KEYS, SCHEDULE_SELECTION_KEYS, SelectionConfig
 from pipeline.data.pack import ImagePack, PackContent, chunk_rows, write_pack
 from pipeline.data.protocol import FSCILProtocol
 from pipeline.data.sampling import draw_sessions, split_test

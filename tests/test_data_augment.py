@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.config_sections import BaseConfig
 from pipeline.data.augment import crop_boxes, test_transform, train_augment
 from pipeline.data.mixing import mixup_cutmix
 from pipeline.data.presets import PRESETS, get_preset
 from pipeline.errors import FSCILError
+from pipeline.training.base_session import _base_batch
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -177,9 +179,6 @@ def test_mixing_is_deterministic_per_generator() -> None:
 def test_the_last_unmixed_epochs_train_on_the_augmented_images_alone() -> None:
     """base.unmixed_epochs: before the last k epochs a batch is mixed (alpha 1, every batch); in them it is exactly
     train_augment's batch with its own targets and lam 1, from the same generator state."""
-    from pipeline.config_sections import BaseConfig
-    from pipeline.training.base_session import _base_batch
-
     preset = PRESETS["synthetic"]
     x = images(8, preset.input_size, seed=3)
     y = torch.arange(8)

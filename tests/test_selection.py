@@ -14,7 +14,7 @@ import yaml
 
 import pipeline.selection as selection
 from pipeline.config import load_config
-from pipeline.config_sections import SelectionConfig
+from pipeline.config_selection import SelectionConfig
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError
 from pipeline.models.fscil import build_head

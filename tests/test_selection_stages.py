@@ -14,7 +14,7 @@ import yaml
 
 import pipeline.selection as selection
 from pipeline.config import build_config, load_config
-from pipeline.config_sections import SelectionConfig
+from pipeline.config_selection import SelectionConfig
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.store.feature_store import FeatureStore
