@@ -202,6 +202,10 @@ class BaseConfig(SectionConfig):
     """The last this many epochs train on unmixed batches (timm's mixup_off_epoch = epochs - this; 0: mixed to the
     end). Ours: the fixed ETF vertices are then last fitted through whole, unmixed training images (on Omniglot's
     pseudo tasks 20 and 50 of 200 epochs did not beat 0; README)."""
+    unaugmented_epochs: int = 0
+    """The last this many epochs train on the training images under the test transform: no crop, no flip, no mixing
+    (FixRes's fine-tuning at the test view, Touvron et al. 2019; 0: augmented to the end). Ours: the class means of a
+    base model's features then sit where the fixed ETF vertices are fitted, not only those of augmented views."""
     dr_scale: float = 1.0
     """Multiplier of the DR loss (the authors use 10)."""
     precise_bn: bool = False
@@ -217,7 +221,7 @@ class BaseConfig(SectionConfig):
             check(getattr(self, key) >= 1, "base", key, "must be >= 1")
         check(self.lr > 0, "base", "lr", "must be > 0")
         check(self.dr_scale > 0, "base", "dr_scale", "must be > 0")
-        for key in ("weight_decay", "mixup_alpha", "cutmix_alpha", "unmixed_epochs"):
+        for key in ("weight_decay", "mixup_alpha", "cutmix_alpha", "unmixed_epochs", "unaugmented_epochs"):
             check(getattr(self, key) >= 0, "base", key, "must be >= 0")
         check(0 <= self.mix_prob <= 1, "base", "mix_prob", "must be in [0, 1]")
         check(self.warmup_steps >= 0, "base", "warmup_steps", "must be >= 0")

@@ -193,3 +193,25 @@ def test_the_last_unmixed_epochs_train_on_the_augmented_images_alone() -> None:
             assert torch.equal(y_a, y) and torch.equal(y_b, y)
     never = BaseConfig(epochs=10, mixup_alpha=1.0)  # 0: mixed to the end, the previous behaviour
     assert bool((_base_batch(x, y, 8, preset, never, 9, torch.Generator().manual_seed(9))[3] < 1).any())
+
+
+def test_the_last_unaugmented_epochs_train_on_the_test_view() -> None:
+    """base.unaugmented_epochs: in the last k epochs a batch is exactly test_transform's view of the images, unmixed,
+    with its own targets (even inside unmixed_epochs' range or with Mixup on); the epoch before is augmented and
+    mixed."""
+    preset = PRESETS["synthetic"]
+    x = images(8, preset.input_size, seed=4)
+    y = torch.arange(8)
+    view = test_transform(x, preset)
+    cfg = BaseConfig(epochs=10, mixup_alpha=1.0, unaugmented_epochs=2)
+    for epoch in (8, 9):
+        xb, y_a, y_b, lam = _base_batch(x, y, 8, preset, cfg, epoch, torch.Generator().manual_seed(epoch))
+        assert torch.equal(xb, view) and torch.equal(lam, torch.ones(8))
+        assert torch.equal(y_a, y) and torch.equal(y_b, y)
+    xb, _, _, lam = _base_batch(x, y, 8, preset, cfg, 7, torch.Generator().manual_seed(7))
+    assert bool((lam < 1).any()) and not torch.equal(xb, view)
+    both = BaseConfig(epochs=10, mixup_alpha=1.0, unmixed_epochs=5, unaugmented_epochs=2)
+    xb, _, _, lam = _base_batch(x, y, 8, preset, both, 7, torch.Generator().manual_seed(7))  # unmixed, augmented
+    assert torch.equal(xb, train_augment(x, preset, torch.Generator().manual_seed(7)))
+    assert torch.equal(lam, torch.ones(8))
+    assert torch.equal(_base_batch(x, y, 8, preset, both, 9, torch.Generator().manual_seed(9))[0], view)

@@ -5,7 +5,8 @@ augmentation and Mixup/CutMix randoms by (seed, step), and each process keeps it
 pipeline/training/distributed.py). No checkpoint is selected on test data: the final weights are the result.
 Resumable: a checkpoint with the optimizer state is written every `checkpoint_every` epochs next to the output.
 With base.precise_bn the backbone's BatchNorm statistics are measured afresh on the test-transformed training images
-after the last epoch (pipeline/training/precise_bn.py).
+after the last epoch (pipeline/training/precise_bn.py). base.unmixed_epochs / base.unaugmented_epochs end the training
+on unmixed batches / on the test view of the images (`_base_batch`).
 """
 
 from __future__ import annotations
@@ -115,12 +116,15 @@ def _resume(ckpt: Path, meta: dict, model: FSCILModel, opt: torch.optim.SGD) -> 
 def _base_batch(images: torch.Tensor, targets: torch.Tensor, num_base: int, preset, base_cfg, epoch: int,
                 gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One global batch of eq. optim_base: augmented images, the two targets and lam of batch Mixup/CutMix
-    (target_b == target_a and lam == 1 when nothing is mixed: Mixup/CutMix off, or one of the last unmixed_epochs)."""
+    (target_b == target_a and lam == 1 when nothing is mixed: Mixup/CutMix off, or one of the last unmixed_epochs).
+    In the last unaugmented_epochs the batch is the test view of the images, unmixed."""
+    from_end = base_cfg.epochs - epoch  # 1 in the last epoch
+    if from_end <= base_cfg.unaugmented_epochs:
+        return test_transform(images, preset), targets, targets, torch.ones(len(targets), device=images.device)
     x = train_augment(images, preset, gen)
     y_a = y_b = targets
     lam = torch.ones(len(targets), device=images.device)
-    mixing = epoch < base_cfg.epochs - base_cfg.unmixed_epochs
-    if mixing and (base_cfg.mixup_alpha > 0 or base_cfg.cutmix_alpha > 0):
+    if from_end > base_cfg.unmixed_epochs and (base_cfg.mixup_alpha > 0 or base_cfg.cutmix_alpha > 0):
         mixed = mixup_cutmix(x, y_a, num_base, base_cfg.mixup_alpha, base_cfg.cutmix_alpha, base_cfg.mix_prob, 0.5,
                              gen)
         x, y_a, y_b, lam = mixed.images, mixed.target_a, mixed.target_b, mixed.lam
