@@ -175,6 +175,10 @@ class ModelConfig(SectionConfig):
               f"times model.expand must be divisible by the transformer's {ATTENTION_HEADS} heads")
 
 
+# base.<key>s that count the last epochs of the training (each at most base.epochs)
+LAST_EPOCHS_KEYS = ("unmixed_epochs", "unaugmented_epochs")
+
+
 @dataclass
 class BaseConfig(SectionConfig):
     section: typing.ClassVar[str] = "base"
@@ -224,6 +228,8 @@ class BaseConfig(SectionConfig):
         for key in ("weight_decay", "mixup_alpha", "cutmix_alpha", "unmixed_epochs", "unaugmented_epochs"):
             check(getattr(self, key) >= 0, "base", key, "must be >= 0")
         check(0 <= self.mix_prob <= 1, "base", "mix_prob", "must be in [0, 1]")
+        for key in LAST_EPOCHS_KEYS:  # a preset's count must not swallow a shorter training
+            check(getattr(self, key) <= self.epochs, "base", key, f"must be <= base.epochs ({self.epochs})")
         check(self.warmup_steps >= 0, "base", "warmup_steps", "must be >= 0")
 
 

@@ -8,7 +8,7 @@ import typing
 from dataclasses import dataclass, field
 
 from pipeline.config_fields import SectionConfig, check, fail
-from pipeline.config_sections import RUN_SECTION_TYPES
+from pipeline.config_sections import LAST_EPOCHS_KEYS, RUN_SECTION_TYPES
 from pipeline.errors import FSCILError
 
 # the base.<key>s the base stage of `fscil select` may choose, in this order (selection.base_<key> lists candidates)
@@ -114,8 +114,10 @@ class SelectionConfig(SectionConfig):
         for section, key, name in ([("base", key, f"base_{key}") for key in BASE_SELECTION_KEYS]
                                    + [(section, key, key) for section, key in SCHEDULE_SELECTION_KEYS]):
             for value in getattr(self, name):
+                # a count of last epochs is bounded by the run's base.epochs, checked when a candidate's config is built
+                bound = {"epochs": max(value, 1)} if section == "base" and key in LAST_EPOCHS_KEYS else {}
                 try:
-                    RUN_SECTION_TYPES[section](**{key: value})
+                    RUN_SECTION_TYPES[section](**{key: value, **bound})
                 except FSCILError as err:
                     fail("selection", name, f"lists {value!r}: {str(err).removeprefix('params: ')}")
         for key in ("freeze_base", "suppression", "k_paths", "inc_init", "lambda1", "lambda2", "lambda3"):

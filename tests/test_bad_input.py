@@ -38,6 +38,8 @@ def _assert_one_line_error(result, *needles: str) -> None:
     ("base", {"dr_scale": 0.0}, ["base.dr_scale", "> 0"]),
     ("base", {"unmixed_epochs": -1}, ["base.unmixed_epochs", ">= 0"]),
     ("base", {"unaugmented_epochs": -2}, ["base.unaugmented_epochs", ">= 0"]),
+    ("base", {"epochs": 10, "unaugmented_epochs": 11}, ["base.unaugmented_epochs", "<= base.epochs (10)"]),
+    ("base", {"epochs": 10, "unmixed_epochs": 20}, ["base.unmixed_epochs", "<= base.epochs (10)"]),
     ("selection", {"base_epochs": [100, 0]}, ["selection.base_epochs", "lists 0", "base.epochs", ">= 1"]),
     ("selection", {"base_cutmix_alpha": [1.0, -0.5]}, ["selection.base_cutmix_alpha", ">= 0"]),
     ("selection", {"base_mix_prob": [0.5, 1.5]}, ["selection.base_mix_prob", "[0, 1]"]),

@@ -17,7 +17,7 @@ from tests.data_fixtures import OMNIGLOT_SMALL1, omniglot_small1
 
 PARAMS = {"preset": "omniglot", "device": "cpu", "threads": 2,
           "data": {"root": str(OMNIGLOT_SMALL1), "base_classes": 20, "ways": 5, "shots": 5, "sessions": 1},
-          "base": {"epochs": 40, "batch_size": 64, "warmup_steps": 10}}
+          "base": {"epochs": 40, "batch_size": 64, "warmup_steps": 10, "unaugmented_epochs": 10}}  # the preset's share
 
 
 @pytest.fixture(scope="module")
