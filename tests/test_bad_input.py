@@ -9,7 +9,10 @@ import shutil
 import pytest
 import yaml
 
+from pipeline.config import build_config
+from pipeline.errors import FSCILError
 from pipeline.models.projector import Projector
+from pipeline.selection import with_values
 from pipeline.training import incremental_session
 from pipeline.training.incremental_session import loss_rose
 from tests.pipeline_fixtures import TINY_PARAMS, cli, write_params
@@ -231,3 +234,13 @@ def test_unexpected_error_is_one_line_with_the_trace_in_a_file(tmp_path, monkeyp
     with pytest.raises(ZeroDivisionError):
         stages.cli.main(["--debug", "stage", "report", "--data-dir", str(tmp_path)])
     stages.cli._STATE["debug"] = False
+
+
+def test_a_last_epochs_candidate_is_checked_against_the_runs_epochs() -> None:
+    """selection.base_unaugmented_epochs: 300 is a valid candidate of a 400-epoch training (not held to the default
+    200); the candidate's config then validates against its own base.epochs, with the one-line message."""
+    cfg = build_config({**TINY_PARAMS, "base": {**TINY_PARAMS["base"], "epochs": 400},
+                        "selection": {"base_unaugmented_epochs": [0, 300]}})
+    assert with_values(cfg, {"base.unaugmented_epochs": 300}).base.unaugmented_epochs == 300
+    with pytest.raises(FSCILError, match=r"base.unaugmented_epochs must be <= base.epochs \(200\)"):
+        with_values(cfg, {"base.epochs": 200, "base.unaugmented_epochs": 300})
