@@ -119,11 +119,11 @@ def _base_batch(images: torch.Tensor, targets: torch.Tensor, num_base: int, pres
     (target_b == target_a and lam == 1 when nothing is mixed: Mixup/CutMix off, or one of the last unmixed_epochs).
     In the last unaugmented_epochs the batch is the test view of the images, unmixed."""
     from_end = base_cfg.epochs - epoch  # 1 in the last epoch
-    if from_end <= base_cfg.unaugmented_epochs:
-        return test_transform(images, preset), targets, targets, torch.ones(len(targets), device=images.device)
-    x = train_augment(images, preset, gen)
     y_a = y_b = targets
     lam = torch.ones(len(targets), device=images.device)
+    if from_end <= base_cfg.unaugmented_epochs:
+        return test_transform(images, preset), y_a, y_b, lam
+    x = train_augment(images, preset, gen)
     if from_end > base_cfg.unmixed_epochs and (base_cfg.mixup_alpha > 0 or base_cfg.cutmix_alpha > 0):
         mixed = mixup_cutmix(x, y_a, num_base, base_cfg.mixup_alpha, base_cfg.cutmix_alpha, base_cfg.mix_prob, 0.5,
                              gen)
