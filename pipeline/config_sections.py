@@ -323,6 +323,7 @@ class IncrementalConfig(SectionConfig):
         check(self.copy >= 0, "incremental", "copy", "must be >= 0")
         check(self.replay in ("mean", "shots"), "incremental", "replay", "must be mean or shots")
         check(self.lr > 0, "incremental", "lr", "must be > 0")
+        check(self.weight_decay >= 0, "incremental", "weight_decay", "must be >= 0")
         check(self.suppression in SUPPRESSION_TARGETS, "incremental", "suppression",
                f"must be one of {sorted(SUPPRESSION_TARGETS)}")
         check(0 <= self.mixup_prob <= 1, "incremental", "mixup_prob", "must be in [0, 1]")

@@ -17,9 +17,10 @@ BASE_SELECTION_KEYS = ("epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha"
 # the session schedule and training-set keys its schedule stage may choose, (section, key) in this order (the selection
 # field is named as the key): the memory before what is built from it (replay and copy act on the earlier classes'
 # memory rows, base_copy repeats the base classes' rows, so its best value depends on how many rows a class keeps)
-SCHEDULE_SELECTION_KEYS = (("incremental", "lr"), ("incremental", "grad_clip_norm"), ("incremental", "steps"),
-                           ("incremental", "mixup_prob"), ("extract", "memory"), ("extract", "memory_k"),
-                           ("incremental", "replay"), ("incremental", "copy"), ("incremental", "base_copy"))
+SCHEDULE_SELECTION_KEYS = (("incremental", "lr"), ("incremental", "weight_decay"), ("incremental", "grad_clip_norm"),
+                           ("incremental", "steps"), ("incremental", "mixup_prob"), ("extract", "memory"),
+                           ("extract", "memory_k"), ("incremental", "replay"), ("incremental", "copy"),
+                           ("incremental", "base_copy"))
 
 
 @dataclass
@@ -67,6 +68,9 @@ class SelectionConfig(SectionConfig):
     lr: list[float] = field(default_factory=list)
     """Stage 0 candidates of incremental.lr (empty: keep the configured value; not in the paper's list: a variant
     whose head or frozen parts change what the sessions train, e.g. linear + CE, may need its own)."""
+    weight_decay: list[float] = field(default_factory=list)
+    """Stage 0 candidates of incremental.weight_decay (empty: keep the configured value; not in the paper's list: with
+    p_iden / g_base trained in the sessions too, their decay acts on the base classes' features in every session)."""
     grad_clip_norm: list[float | None] = field(default_factory=list)
     """Stage 0 candidates of incremental.grad_clip_norm (null: no clipping; empty: keep the configured value)."""
     steps: list[list[int]] = field(default_factory=list)
