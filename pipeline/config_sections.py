@@ -299,6 +299,9 @@ class IncrementalConfig(SectionConfig):
     """What the suppression loss acts on: z (the paper), silu_z, mu_inc."""
     freeze_base: bool = True
     """Freeze p_iden and g_base after the base session (the paper); false: they train in every session too."""
+    base_lr_scale: float = 1.0
+    """With freeze_base false: the learning-rate multiplier of the parts freeze_base would freeze (p_iden, g_base)
+    in the sessions (ours, between the paper's frozen parts and training them at the session lr)."""
     inc_init: str = "random"
     """How g_inc starts in session 1: random (its own fresh initialisation) or base (a copy of the trained g_base with
     the gate p_z zeroed). Either way mu_inc = 0 when session 1 starts (appendix "Initialization of the Incremental
@@ -324,6 +327,7 @@ class IncrementalConfig(SectionConfig):
         check(self.replay in ("mean", "shots"), "incremental", "replay", "must be mean or shots")
         check(self.lr > 0, "incremental", "lr", "must be > 0")
         check(self.weight_decay >= 0, "incremental", "weight_decay", "must be >= 0")
+        check(self.base_lr_scale > 0, "incremental", "base_lr_scale", "must be > 0 (freeze_base true freezes them)")
         check(self.suppression in SUPPRESSION_TARGETS, "incremental", "suppression",
                f"must be one of {sorted(SUPPRESSION_TARGETS)}")
         check(0 <= self.mixup_prob <= 1, "incremental", "mixup_prob", "must be in [0, 1]")

@@ -17,10 +17,10 @@ BASE_SELECTION_KEYS = ("epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha"
 # the session schedule and training-set keys its schedule stage may choose, (section, key) in this order (the selection
 # field is named as the key): the memory before what is built from it (replay and copy act on the earlier classes'
 # memory rows, base_copy repeats the base classes' rows, so its best value depends on how many rows a class keeps)
-SCHEDULE_SELECTION_KEYS = (("incremental", "lr"), ("incremental", "weight_decay"), ("incremental", "grad_clip_norm"),
-                           ("incremental", "steps"), ("incremental", "mixup_prob"), ("extract", "memory"),
-                           ("extract", "memory_k"), ("incremental", "replay"), ("incremental", "copy"),
-                           ("incremental", "base_copy"))
+SCHEDULE_SELECTION_KEYS = (("incremental", "lr"), ("incremental", "base_lr_scale"), ("incremental", "weight_decay"),
+                           ("incremental", "grad_clip_norm"), ("incremental", "steps"), ("incremental", "mixup_prob"),
+                           ("extract", "memory"), ("extract", "memory_k"), ("incremental", "replay"),
+                           ("incremental", "copy"), ("incremental", "base_copy"))
 
 
 @dataclass
@@ -68,6 +68,9 @@ class SelectionConfig(SectionConfig):
     lr: list[float] = field(default_factory=list)
     """Stage 0 candidates of incremental.lr (empty: keep the configured value; not in the paper's list: a variant
     whose head or frozen parts change what the sessions train, e.g. linear + CE, may need its own)."""
+    base_lr_scale: list[float] = field(default_factory=list)
+    """Stage 0 candidates of incremental.base_lr_scale (empty: keep the configured value; ours: how fast p_iden /
+    g_base move when freeze_base is false)."""
     weight_decay: list[float] = field(default_factory=list)
     """Stage 0 candidates of incremental.weight_decay (empty: keep the configured value; not in the paper's list: with
     p_iden / g_base trained in the sessions too, their decay acts on the base classes' features in every session)."""

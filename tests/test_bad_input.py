@@ -52,6 +52,8 @@ def _assert_one_line_error(result, *needles: str) -> None:
     ("selection", {"weight_decay": [0.0, -1e-4]},
      ["selection.weight_decay", "lists -0.0001", "incremental.weight_decay", ">= 0"]),
     ("incremental", {"weight_decay": -1e-4}, ["incremental.weight_decay", ">= 0"]),
+    ("incremental", {"base_lr_scale": 0.0}, ["incremental.base_lr_scale", "> 0"]),
+    ("selection", {"base_lr_scale": [1.0, -0.1]}, ["selection.base_lr_scale", "lists -0.1", "> 0"]),
     ("selection", {"grad_clip_norm": [None, -1.0]}, ["selection.grad_clip_norm", "lists -1.0", "> 0 or null"]),
     ("selection", {"steps": [[100], []]}, ["selection.steps", "lists []", "incremental.steps", ">= 1"]),
     ("selection", {"memory": ["mean", "all"]}, ["selection.memory", "lists 'all'", "extract.memory"]),

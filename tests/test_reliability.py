@@ -163,3 +163,28 @@ def test_gradient_clipping_bounds_the_first_update(tiny_run, tmp_path, clip):
         assert step > 1e-2  # the unclipped gradient is far larger than the clip below
     else:
         assert step == pytest.approx(clip, rel=1e-3)  # lr 1 x gradient clipped to norm 1e-3
+
+
+def test_base_lr_scale_scales_exactly_the_first_update_of_the_base_parts(tiny_run, tmp_path):
+    """incremental.base_lr_scale with freeze_base false: one SGD step from the same start moves p_iden and g_base by
+    scale x the step at scale 1, and g_inc by the same step either way."""
+    _, _, paths = tiny_run
+    steps = {}
+    for scale in (1.0, 0.25):
+        data = tmp_path / f"data_{scale}"
+        shutil.copytree(paths.data_dir, data, ignore=shutil.ignore_patterns("sessions", "report", "pack.h5"))
+        params = write_params(tmp_path / f"params_{scale}.yaml", incremental={
+            "steps": [1], "warmup_steps": 0, "lr": 0.5, "weight_decay": 0.0, "freeze_base": False,
+            "base_lr_scale": scale})
+        run_stage("incremental", params, data, "--session", "1")
+        base, _ = load_checkpoint(data / "base" / "model.safetensors")
+        after, _ = load_checkpoint(data / "sessions" / "session_1" / "state.safetensors")
+        steps[scale] = {
+            part: torch.cat([(after[k] - base[origin(k)]).flatten() for k in after if k.startswith(part)])
+            for part, origin in (("projector.", lambda k: k),
+                                 ("adapting.", lambda k: "projector.g_inc." + k[len("adapting."):]))}
+    assert {k.split(".")[1] for k in after if k.startswith("projector.")} <= {"p_iden", "g_base"}
+    assert steps[1.0]["projector."].norm() > 1e-3  # the base parts do train with freeze_base false
+    # atol: float32 rounding of weights near 1
+    torch.testing.assert_close(steps[0.25]["projector."], 0.25 * steps[1.0]["projector."], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(steps[0.25]["adapting."], steps[1.0]["adapting."], rtol=1e-4, atol=1e-6)

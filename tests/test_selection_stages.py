@@ -176,25 +176,26 @@ def test_a_diverging_candidate_loses_and_the_selection_goes_on(real_pack, tmp_pa
 
 
 def test_session_optimizer_keys_are_schedule_keys_reaching_the_candidates(real_pack, tmp_path, monkeypatch):
-    """selection.lr / weight_decay / grad_clip_norm (a variant such as linear + CE may need its own): chosen first in
-    the schedule stage, each candidate runs with that value, and a chosen `null` (no clipping) survives the params
-    fragment."""
+    """selection.lr / base_lr_scale / weight_decay / grad_clip_norm (a variant such as linear + CE may need its own):
+    chosen first in the schedule stage, each candidate runs with that value, and a chosen `null` (no clipping)
+    survives the params fragment."""
     params, paths = real_pack
     cfg = load_config(params)
     sets = SelectionConfig(**{**TINY_SELECTION, "freeze_base": [True], "lr": [0.1, 0.01],
-                              "weight_decay": [5e-4, 0.0], "grad_clip_norm": [1.0, None], "steps": [[5], [10]]})
-    assert [key for _, key, _, _ in selection.selection_order(sets)[:5]] == [
-        "incremental.lr", "incremental.weight_decay", "incremental.grad_clip_norm", "incremental.steps",
-        "incremental.freeze_base"]
+                              "base_lr_scale": [1.0, 0.1], "weight_decay": [5e-4, 0.0], "grad_clip_norm": [1.0, None],
+                              "steps": [[5], [10]]})
+    assert [key for _, key, _, _ in selection.selection_order(sets)[:6]] == [
+        "incremental.lr", "incremental.base_lr_scale", "incremental.weight_decay", "incremental.grad_clip_norm",
+        "incremental.steps", "incremental.freeze_base"]
     seen: list = []
 
     def run(cand, *args):
         inc = cand.incremental
-        seen.append((inc.lr, inc.grad_clip_norm, inc.steps[0], inc.weight_decay))
+        seen.append((inc.lr, inc.grad_clip_norm, inc.steps[0], inc.weight_decay, inc.base_lr_scale))
         if inc.lr == 0.1 and inc.grad_clip_norm is None:  # the configured lr without clipping diverges
             raise TrainingDiverged("session 1: non-finite loss at step 3; nothing written")
         avg = (60.0 + 5.0 * (inc.lr == 0.01) + 1.0 * (inc.grad_clip_norm is None) + 0.5 * (inc.steps == [10])
-               + 0.25 * (inc.weight_decay == 0.0))
+               + 0.25 * (inc.weight_decay == 0.0) + 0.125 * (inc.base_lr_scale == 0.1))
         return {"avg": avg, "final": 1.0, "pd": 1.0, "base": 1.0, "sessions": {}}
 
     monkeypatch.setattr(selection, "run_candidate", run)
@@ -204,11 +205,12 @@ def test_session_optimizer_keys_are_schedule_keys_reaching_the_candidates(real_p
     assert result["chosen"]["incremental.grad_clip_norm"] is None  # 0.01 without clipping beats 0.01 with it
     assert result["chosen"]["incremental.steps"] == [10]
     assert result["chosen"]["incremental.weight_decay"] == 0.0
-    assert {(0.1, None), (0.01, None), (0.01, 1.0)} <= {(lr, clip) for lr, clip, _, _ in seen}
-    assert {5e-4, 0.0} <= {wd for *_, wd in seen}
+    assert result["chosen"]["incremental.base_lr_scale"] == 0.1
+    assert {(0.1, None), (0.01, None), (0.01, 1.0)} <= {(lr, clip) for lr, clip, *_ in seen}
+    assert {5e-4, 0.0} <= {wd for *_, wd, _ in seen} and {1.0, 0.1} <= {scale for *_, scale in seen}
     fragment = yaml.safe_load((tmp_path / "out" / "selected.yaml").read_text())
     assert fragment["incremental"]["lr"] == 0.01 and fragment["incremental"]["grad_clip_norm"] is None
-    assert fragment["incremental"]["weight_decay"] == 0.0
+    assert fragment["incremental"]["weight_decay"] == 0.0 and fragment["incremental"]["base_lr_scale"] == 0.1
     assert "grad_clip_norm" in fragment["incremental"]
 
 

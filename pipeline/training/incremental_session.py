@@ -60,6 +60,16 @@ def base_parts_state(projector) -> dict:
             for key, value in module.state_dict().items()}
 
 
+def session_param_groups(projector, trainable: list, inc) -> list[dict]:
+    """SGD groups of a session: the parts the base session trained (p_iden, g_base; trainable only with freeze_base
+    false) at inc.base_lr_scale * lr, everything else at lr."""
+    base_ids = {id(p) for module in projector.frozen_after_base() for p in module.parameters()}
+    base = [p for p in trainable if id(p) in base_ids]
+    rest = [p for p in trainable if id(p) not in base_ids]
+    return [{"params": params, "initial_lr": inc.lr * scale}
+            for params, scale in ((rest, 1.0), (base, inc.base_lr_scale)) if params]
+
+
 def memory_tag(store: FeatureStore) -> str:
     """The store's memory rule as recorded in session checkpoints ("mean:1", "sampled:4", ...)."""
     kind, k = store.memory_rule
@@ -180,7 +190,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     num_seen = int(shot_labels.max()) + 1
 
     trainable = [p for p in projector.parameters() if p.requires_grad] + list(classifier.parameters())
-    opt = torch.optim.SGD([{"params": trainable, "initial_lr": inc.lr}], lr=inc.lr, momentum=inc.momentum,
+    opt = torch.optim.SGD(session_param_groups(projector, trainable, inc), lr=inc.lr, momentum=inc.momentum,
                           weight_decay=inc.weight_decay)
     steps = inc.session_value("steps", session)
     batch = min(inc.batch_size, len(y_all))
