@@ -152,7 +152,10 @@ def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Pa
                              ] = None,
               quiet: QuietOpt = False) -> None:
     """Choose architecture and loss weights on pseudo-incremental tasks from the base session's training data only
-    (the paper's protocol; slow, not part of `dvc repro`). Writes selection.csv, selected.yaml, selection.json."""
+    (the paper's protocol; slow, not part of `dvc repro`). Writes selection.csv, selected.yaml, selection.json.
+    Stages before the loss weights score their candidates with lambda2 = lambda3 = 0 (the paper's order), whatever
+    the params set. Candidate results are kept in <out>.work and reused; a new run into the same --out replaces
+    its selection.csv and selected.yaml."""
     import pandas as pd
 
     from stages import select as stage
