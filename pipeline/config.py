@@ -50,11 +50,13 @@ class Config:
     sessions: dict[str, str] | None = None
     """params.yaml `sessions`: the incremental sessions `dvc repro` runs (dvc.yaml's foreach); None outside DVC."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, for_digest: bool = False) -> dict[str, Any]:
+        """Every value; for_digest: the sections as digests hash them (`SectionConfig.digest_values`)."""
         out = {"preset": self.preset, "seed": self.seed, "device": self.device, "threads": self.threads,
                "variant": self.variant}
         for name in SECTIONS:
-            out[name] = dataclasses.asdict(getattr(self, name))
+            section = getattr(self, name)
+            out[name] = section.digest_values() if for_digest else dataclasses.asdict(section)
         return out
 
 

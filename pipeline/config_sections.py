@@ -8,7 +8,7 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass, field
 
-from pipeline.config_fields import SectionConfig, check, fail
+from pipeline.config_fields import SectionConfig, added_field, check, fail
 from pipeline.data.cec_splits import BENCHMARKS
 from pipeline.data.checksums import digest_algorithm
 from pipeline.data.presets import PRESETS
@@ -299,7 +299,7 @@ class IncrementalConfig(SectionConfig):
     """What the suppression loss acts on: z (the paper), silu_z, mu_inc."""
     freeze_base: bool = True
     """Freeze p_iden and g_base after the base session (the paper); false: they train in every session too."""
-    base_lr_scale: float = 1.0
+    base_lr_scale: float = added_field(1.0)
     """With freeze_base false: the learning-rate multiplier of the parts freeze_base would freeze (p_iden, g_base)
     in the sessions (ours, between the paper's frozen parts and training them at the session lr)."""
     inc_init: str = "random"

@@ -37,7 +37,7 @@ def _digest(values: dict) -> str:
 def run_key(cfg: Config) -> str:
     """A study run's key: its variant, seed and every value it reads (a changed one is a new run); the `selection`
     section, which no run reads, is left out, so new selection candidates keep the stored runs."""
-    values = {name: value for name, value in cfg.to_dict().items() if name != "selection"}
+    values = {name: value for name, value in cfg.to_dict(for_digest=True).items() if name != "selection"}
     return f"{cfg.variant}/s{cfg.seed}/{_digest(values)}"
 
 
@@ -61,7 +61,7 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
             key = run_key(cfg)
             keys.append(key)
             if key not in runs:
-                pack = work / "packs" / f"{_digest(cfg.to_dict()['data'])}.h5"
+                pack = work / "packs" / f"{_digest(cfg.to_dict(for_digest=True)['data'])}.h5"
                 if not pack.is_file():
                     build_pack(cfg.data, pack)
                 started = time.time()

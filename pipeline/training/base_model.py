@@ -17,7 +17,7 @@ BASE_MODEL_SECTIONS = ("data", "model", "base")  # the config sections a base mo
 
 def config_digest(cfg, sections=BASE_MODEL_SECTIONS) -> str:
     """A hash of the config sections that determine the base model (plus the seed)."""
-    full = cfg.to_dict()
+    full = cfg.to_dict(for_digest=True)
     blob = json.dumps({k: full[k] for k in ("seed", *sections)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
