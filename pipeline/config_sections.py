@@ -326,12 +326,11 @@ class IncrementalConfig(SectionConfig):
         check(self.copy >= 0, "incremental", "copy", "must be >= 0")
         check(self.replay in ("mean", "shots"), "incremental", "replay", "must be mean or shots")
         check(self.lr > 0, "incremental", "lr", "must be > 0")
-        check(self.weight_decay >= 0, "incremental", "weight_decay", "must be >= 0")
         check(self.base_lr_scale > 0, "incremental", "base_lr_scale", "must be > 0 (freeze_base true freezes them)")
         check(self.suppression in SUPPRESSION_TARGETS, "incremental", "suppression",
                f"must be one of {sorted(SUPPRESSION_TARGETS)}")
         check(0 <= self.mixup_prob <= 1, "incremental", "mixup_prob", "must be in [0, 1]")
-        for key in ("lambda1", "lambda2", "lambda3"):
+        for key in ("weight_decay", "lambda1", "lambda2", "lambda3"):
             check(getattr(self, key) >= 0, "incremental", key, "must be >= 0")
         check(self.inc_init in ("random", "base"), "incremental", "inc_init", "must be random or base")
         check(self.grad_clip_norm is None or self.grad_clip_norm > 0, "incremental", "grad_clip_norm",

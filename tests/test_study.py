@@ -112,21 +112,20 @@ def test_a_field_added_at_its_neutral_value_leaves_every_digest_as_before_it_exi
     """incremental.base_lr_scale (an added_field, neutral 1.0): at 1.0 the session digest is the hash of the config
     without that key, the digest a checkpoint made before the field existed carries; any other value changes it. The
     study's run key follows the same rule."""
-    import dataclasses
     import hashlib
     import json
 
-    from pipeline.config import SECTIONS, build_config
+    from pipeline.config import build_config
     from pipeline.training.base_model import config_digest
+    from pipeline.training.incremental_session import SECTIONS
 
     def cfg(scale):
         return build_config({**TINY_PARAMS, "incremental": {**TINY_PARAMS.get("incremental", {}),
                                                             "base_lr_scale": scale}})
 
-    old = {k: (dataclasses.asdict(v) if k in SECTIONS else v) for k, v in
-           [("seed", cfg(1.0).seed)] + [(name, getattr(cfg(1.0), name)) for name in SECTIONS]}
-    del old["incremental"]["base_lr_scale"]  # the config as hashed before the field was added
-    before = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()
+    full = cfg(1.0).to_dict()
+    del full["incremental"]["base_lr_scale"]  # the config as hashed before the field was added
+    before = hashlib.sha256(json.dumps({k: full[k] for k in ("seed", *SECTIONS)}, sort_keys=True).encode()).hexdigest()
     assert config_digest(cfg(1.0), SECTIONS) == before
     assert config_digest(cfg(0.5), SECTIONS) != before
     assert study.run_key(cfg(1.0)) != study.run_key(cfg(0.5))
