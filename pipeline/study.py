@@ -24,7 +24,7 @@ import pandas as pd
 from pipeline.atomic import atomic_output, atomic_write_text
 from pipeline.config import Config, build_config
 from pipeline.data.prepare import build_pack
-from pipeline.errors import TrainingDiverged
+from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.selection import run_candidate
 
 RUNS_FILE = "runs.json"
@@ -81,6 +81,9 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
             say(f"{variant} seed {seed}: AVG {table['acc'].mean():.2f} final {table['acc'].iloc[-1]:.2f} "
                 f"(prototype AVG {table['proto_backbone_acc'].mean():.2f})")
     done = [k for k in keys if "table" in runs[k]]
+    if not done:
+        raise FSCILError(f"study: every run diverged (first: {runs[keys[0]]['variant']} seed {runs[keys[0]]['seed']}, "
+                         f"{runs[keys[0]]['diverged']}); nothing written to {out_dir}")
     sessions = pd.concat([pd.DataFrame(runs[k]["table"]).assign(variant=runs[k]["variant"], seed=runs[k]["seed"])
                           for k in done], ignore_index=True)
     diverged = {(runs[k]["variant"], runs[k]["seed"]): runs[k]["diverged"] for k in keys if "diverged" in runs[k]}

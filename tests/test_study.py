@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 import pipeline.study as study
-from pipeline.errors import TrainingDiverged
+from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.study import PROTOTYPE, run_scores, study_table, table_markdown
 from tests.pipeline_fixtures import TINY_PARAMS
 
@@ -91,6 +91,18 @@ def test_a_diverging_run_is_listed_not_averaged(tmp_path, monkeypatch):
     table = pd.read_csv(out / "table.csv", header=[0, 1], index_col=0)
     assert table.loc["mamba_fscil", ("seeds", "n")] == 1
     assert "mamba_fscil seed 1 diverged: session 1: non-finite loss" in (out / "table.md").read_text()
+
+
+def test_a_study_whose_every_run_diverged_is_a_one_line_error_with_nothing_written(tmp_path, monkeypatch):
+    def run(cfg, *args):
+        raise TrainingDiverged(f"session 1: non-finite loss at step {cfg.seed + 3}; nothing written")
+
+    monkeypatch.setattr(study, "run_candidate", run)
+    out = tmp_path / "ablation"
+    with pytest.raises(FSCILError, match=r"every run diverged \(first: dual_ssm seed 1, session 1: non-finite loss "
+                                         r"at step 4; nothing written\); nothing written to"):
+        study.run_study(dict(TINY_PARAMS), ["dual_ssm"], [1, 2], out)
+    assert not out.exists()
 
 
 def test_run_key_covers_what_a_run_reads_and_not_the_selection_candidates():

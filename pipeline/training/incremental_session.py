@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from pathlib import Path
 
@@ -130,15 +131,31 @@ def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is
 ROSE_FACTOR = 1.5
 
 
-def loss_rose(losses: list[float], factor: float = ROSE_FACTOR) -> tuple[float, float] | None:
-    """(first, end) when the mean loss of the last tenth of the steps (at least one) is more than `factor` times the
-    loss of the first step, the starting model's: a session that ends far worse on its own objective than it began
-    has collapsed, even with a finite loss (a healthy one ends near a fifth of it); else None."""
-    if not losses:
-        return None
-    n = max(1, len(losses) // 10)
-    first, end = losses[0], sum(losses[-n:]) / n
-    return (first, end) if end > factor * first else None
+@torch.no_grad()
+def fit_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, num_seen: int, classifier_kind: str,
+             inc) -> float:
+    """The classification term of eq. optim_inc over the whole session training set, without feature mixup: the
+    model's own fit to the rows it trains on, the same measure before and after a session (batch losses are not:
+    with mixup they alternate between clean and mixed batches, so their first step says little)."""
+    head = HEADS[classifier_kind]
+    scale = head.loss_scale(inc.dr_scale)
+    modes = projector.training, classifier.training
+    projector.eval()
+    classifier.eval()
+    total = 0.0
+    for start in range(0, len(y), inc.eval_batch_size):
+        xb, yb = x[start:start + inc.eval_batch_size], y[start:start + inc.eval_batch_size]
+        total += len(yb) * head.loss(classifier(projector(xb, mode="incremental").mu, num_seen), yb, scale=scale).item()
+    projector.train(modes[0])
+    classifier.train(modes[1])
+    return total / max(1, len(y))
+
+
+def loss_rose(before: float, after: float, factor: float = ROSE_FACTOR) -> bool:
+    """True when a session ends with its fit loss (`fit_loss`) above `factor` times where it began, or non-finite:
+    a session that ends far worse on its own training rows than the starting model has collapsed, even when every
+    batch loss was finite."""
+    return not math.isfinite(after) or after > factor * before
 
 
 def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir: Path | None, out_dir: Path,
@@ -199,6 +216,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     projector.train()
     classifier.train()
     history = {"loss": [], "cls": [], "supp": [], "sep": []}
+    fit_before = fit_loss(projector, classifier, x_all, y_all, num_seen, cfg.model.classifier, inc)
     order = torch.zeros(0, dtype=torch.long)
     bar = tqdm(range(steps), desc=f"session {session}", leave=False, disable=not show_progress)
     for step in bar:
@@ -220,10 +238,10 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         for key, value in (("loss", loss), ("cls", cls), ("supp", supp), ("sep", sep)):
             history[key].append(round(value.item(), 6))
         bar.set_postfix(loss=f"{loss.item():.4f}")
-    rose = loss_rose(history["loss"])
-    if rose is not None:
-        raise TrainingDiverged(f"session {session}: the loss rose from {rose[0]:.3g} at the first step to "
-                               f"{rose[1]:.3g} (mean of the last tenth of the steps); nothing written (lower "
+    fit_after = fit_loss(projector, classifier, x_all, y_all, num_seen, cfg.model.classifier, inc)
+    if loss_rose(fit_before, fit_after):
+        raise TrainingDiverged(f"session {session}: the classification loss on the session's training set went from "
+                               f"{fit_before:.3g} before training to {fit_after:.3g} after; nothing written (lower "
                                "incremental.lr or lambda1, or set incremental.grad_clip_norm)")
     if cfg.incremental.freeze_base and frozen_digest(projector) != frozen_before:
         raise RuntimeError("frozen projector parts changed during an incremental session")
@@ -254,6 +272,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     })
     result = {"session": session, **metrics, "steps": steps, "train_samples": int(len(y_all)),
               "final_loss": history["loss"][-1] if steps else None, "history": history,
+              "fit_loss": {"before": round(fit_before, 6), "after": round(fit_after, 6)},
               "frozen_sha256": frozen_before, **prototype, "diagnostics": diagnostics,
               "projector_parameters": sum(p.numel() for p in projector.parameters()),
               "seconds": round(time.time() - started, 2)}
