@@ -11,6 +11,19 @@ class FSCILError(Exception):
 
 
 class TrainingDiverged(FSCILError):
-    """Training left the range where its result means anything: a non-finite loss, or a session whose loss ended
-    far above where it started. Studies and `fscil select` record such a run as diverged (a result: counted, not
-    averaged) instead of stopping; a stage prints the message and writes nothing."""
+    """Training left the range where its result means anything: a non-finite loss, or a session whose trained model
+    fits its own training rows far worse than it began. Studies and `fscil select` record such a run as diverged (a
+    result: counted, not averaged) instead of stopping; a stage prints the message and writes nothing."""
+
+    # The version of what counts as diverged, stored with every recorded refusal: 2 measures a session's fit before
+    # and after training (`incremental_session.fit_loss`); 1 compared batch losses and misread feature-mixup sessions
+    RULES = 2
+
+    def record(self) -> dict:
+        """What a study or selection stores for this run: the message and the rules that refused it."""
+        return {"diverged": str(self).splitlines()[0], "divergence_rules": self.RULES}
+
+    @classmethod
+    def stale(cls, entry: dict) -> bool:
+        """A stored refusal made under other rules: run it again, the current rules may accept it."""
+        return "diverged" in entry and entry.get("divergence_rules") != cls.RULES

@@ -244,7 +244,7 @@ def pseudo_packs(pack_path: Path, work_dir: Path, sel: SelectionConfig) -> list[
 def _run_cached(cand: Config, pack: tuple[Path, dict], work_dir: Path, results: dict, results_path: Path) -> dict:
     """One candidate on one pseudo pack, from `results` when it ran before; a diverging candidate scores nan."""
     ckey = _key(cand, CANDIDATE_SECTIONS, pack[1]["content_hash"])
-    if ckey in results:
+    if ckey in results and not TrainingDiverged.stale(results[ckey]):
         return {**results[ckey], "cached": True}
     started = time.time()
     scratch = work_dir / "candidate"
@@ -253,7 +253,7 @@ def _run_cached(cand: Config, pack: tuple[Path, dict], work_dir: Path, results: 
         score = run_candidate(cand, pack[0], scratch, work_dir / "bases")
     except TrainingDiverged as err:
         # a candidate that diverges is a candidate that loses, not the end of the selection
-        score = {s: float("nan") for s in SCORES} | {"diverged": str(err).splitlines()[0]}
+        score = {s: float("nan") for s in SCORES} | err.record()
     shutil.rmtree(scratch, ignore_errors=True)
     results[ckey] = {**score, "seconds": round(time.time() - started, 2)}
     atomic_write_text(results_path, json.dumps(results, indent=2) + "\n")

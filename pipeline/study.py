@@ -60,7 +60,7 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
             cfg = build_config({**params, "variant": variant, "seed": seed})
             key = run_key(cfg)
             keys.append(key)
-            if key not in runs:
+            if key not in runs or TrainingDiverged.stale(runs[key]):
                 pack = work / "packs" / f"{_digest(cfg.to_dict(for_digest=True)['data'])}.h5"
                 if not pack.is_file():
                     build_pack(cfg.data, pack)
@@ -71,7 +71,7 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
                 try:
                     runs[key]["table"] = run_candidate(cfg, pack, scratch, work / "bases")["table"]
                 except TrainingDiverged as err:
-                    runs[key]["diverged"] = str(err).splitlines()[0]  # a result too: kept, counted, not averaged
+                    runs[key].update(err.record())  # a result too: kept, counted, not averaged
                 runs[key]["seconds"] = round(time.time() - started, 1)
                 atomic_write_text(runs_path, json.dumps(runs, indent=2) + "\n")
             if "diverged" in runs[key]:

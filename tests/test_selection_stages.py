@@ -161,7 +161,10 @@ def test_a_diverging_candidate_loses_and_the_selection_goes_on(real_pack, tmp_pa
     params, paths = real_pack
     cfg = load_config(params)
 
+    ran = []
+
     def run(cand, *args):
+        ran.append(cand.incremental.lambda1)
         if cand.incremental.lambda1 == 30.0:
             raise TrainingDiverged("session 1: non-finite loss at step 10; nothing written")
         return {"avg": 50.0 + cand.incremental.lambda1, "final": 1.0, "pd": 1.0, "base": 1.0, "sessions": {}}
@@ -173,6 +176,18 @@ def test_a_diverging_candidate_loses_and_the_selection_goes_on(real_pack, tmp_pa
     assert result["chosen"]["incremental.lambda1"] == 10.0  # 30 would score highest had it not diverged
     rows = [r for r in result["rows"] if r["key"] == "incremental.lambda1"]
     assert [r["diverged"] for r in rows] == [False, False, True] and math.isnan(rows[2]["avg"])
+    # the refusal is stored with the rules that made it: reused under the same rules, run again under others
+    ran.clear()
+    selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    assert ran == []
+    results_path = tmp_path / "work" / "results.json"
+    results = json.loads(results_path.read_text())
+    refused = [v for v in results.values() if "diverged" in v]
+    assert len(refused) == 1 and refused[0]["divergence_rules"] == TrainingDiverged.RULES
+    refused[0]["divergence_rules"] = TrainingDiverged.RULES - 1  # as an older check recorded it
+    results_path.write_text(json.dumps(results))
+    selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    assert ran == [30.0]
 
 
 def test_session_optimizer_keys_are_schedule_keys_reaching_the_candidates(real_pack, tmp_path, monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -91,6 +93,18 @@ def test_a_diverging_run_is_listed_not_averaged(tmp_path, monkeypatch):
     table = pd.read_csv(out / "table.csv", header=[0, 1], index_col=0)
     assert table.loc["mamba_fscil", ("seeds", "n")] == 1
     assert "mamba_fscil seed 1 diverged: session 1: non-finite loss" in (out / "table.md").read_text()
+    # a refusal recorded under older divergence rules is run again (the current rules may accept it); others are not
+    runs_path = tmp_path / "ablation.work" / study.RUNS_FILE
+    runs = json.loads(runs_path.read_text())
+    refused = [r for r in runs.values() if "diverged" in r]
+    assert len(refused) == 1 and refused[0]["divergence_rules"] == TrainingDiverged.RULES
+    del refused[0]["divergence_rules"]
+    runs_path.write_text(json.dumps(runs))
+    again = []
+    monkeypatch.setattr(study, "run_candidate", lambda cfg, *args: again.append((cfg.variant, cfg.seed)) or real(
+        cfg, *args))
+    sessions = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out)
+    assert again == [("mamba_fscil", 1)] and len(set(zip(sessions.variant, sessions.seed, strict=True))) == 4
 
 
 def test_a_study_whose_every_run_diverged_is_a_one_line_error_with_nothing_written(tmp_path, monkeypatch):
@@ -125,7 +139,6 @@ def test_a_field_added_at_its_neutral_value_leaves_every_digest_as_before_it_exi
     without that key, the digest a checkpoint made before the field existed carries; any other value changes it. The
     study's run key follows the same rule."""
     import hashlib
-    import json
 
     from pipeline.config import build_config
     from pipeline.training.base_model import config_digest
