@@ -19,8 +19,8 @@ BASE_SELECTION_KEYS = ("epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha"
 # memory rows, base_copy repeats the base classes' rows, so its best value depends on how many rows a class keeps)
 SCHEDULE_SELECTION_KEYS = (("incremental", "lr"), ("incremental", "base_lr_scale"), ("incremental", "weight_decay"),
                            ("incremental", "grad_clip_norm"), ("incremental", "steps"), ("incremental", "mixup_prob"),
-                           ("extract", "memory"), ("extract", "memory_k"), ("incremental", "replay"),
-                           ("incremental", "copy"), ("incremental", "base_copy"))
+                           ("extract", "augmented_views"), ("extract", "memory"), ("extract", "memory_k"),
+                           ("incremental", "replay"), ("incremental", "copy"), ("incremental", "base_copy"))
 
 
 @dataclass
@@ -87,6 +87,9 @@ class SelectionConfig(SectionConfig):
     """Stage 0 candidates of incremental.copy (empty: keep the configured value)."""
     base_copy: list[list[int]] = field(default_factory=list)
     """Stage 0 candidates of incremental.base_copy (empty: keep the configured value)."""
+    augmented_views: list[int] = field(default_factory=list)
+    """Stage 0 candidates of extract.augmented_views (empty: keep the configured value; ours: augmented views of each
+    shot stored with the shots, the sessions' image augmentation on cached features). Each extracts its own store."""
     memory: list[str] = field(default_factory=list)
     """Stage 0 candidates of extract.memory (the paper's memory ablation; empty: keep the configured value). Each
     extracts its own feature store from the shared pseudo base model."""

@@ -45,12 +45,12 @@ def test_schedule_stage_comes_first_and_only_when_asked():
         ("base", "base.cutmix_alpha"), ("base", "base.mix_prob"), ("schedule", "incremental.steps"),
         ("architecture", "incremental.freeze_base")]
     # the memory (paper's memory ablation) is part of the training set: before replay / base_copy, which act on its
-    # rows, and before the architecture
+    # rows, and before the architecture; the shots' augmented views before them (base_copy balances against them)
     sets = SelectionConfig(base_copy=[[1], [5]], replay=["mean", "shots"], memory=["mean", "sampled"],
-                           memory_k=[2, 4])
-    assert [key for _, key, _, _ in selection.selection_order(sets)[:5]] == [
-        "extract.memory", "extract.memory_k", "incremental.replay", "incremental.base_copy",
-        "incremental.freeze_base"]
+                           memory_k=[2, 4], augmented_views=[0, 4])
+    assert [key for _, key, _, _ in selection.selection_order(sets)[:6]] == [
+        "extract.augmented_views", "extract.memory", "extract.memory_k", "incremental.replay",
+        "incremental.base_copy", "incremental.freeze_base"]
 
 
 def test_training_set_keys_repeat_until_a_pass_changes_nothing(real_pack, tmp_path, monkeypatch):
@@ -120,23 +120,27 @@ def test_a_first_pass_that_keeps_the_configured_training_set_is_the_only_one(rea
             result["chosen"]["incremental.base_copy"]) == ("mean", "shots", [5])
 
 
-def test_memory_candidates_share_the_base_model_and_get_their_own_store(real_pack, tmp_path, monkeypatch):
-    """extract.memory candidates train one pseudo base model between them (the base does not depend on the memory)
-    and each extracts its own feature store, whose memory follows the candidate's rule."""
+@pytest.mark.parametrize("key, values, stored", [
+    ("memory", ["mean", "sampled"], lambda store: store.memory_rule[0]),
+    ("augmented_views", [0, 2], lambda store: store.attrs.get("augmented_views", 0)),
+])
+def test_extract_candidates_share_the_base_model_and_get_their_own_store(real_pack, tmp_path, monkeypatch, key,
+                                                                         values, stored):
+    """extract.<key> candidates (the memory, the shots' augmented views) train one pseudo base model between them (the
+    base does not depend on the extraction) and each extracts its own feature store, written as the candidate says."""
     params, paths = real_pack
     trained = []
     train_base = selection.train_base
     monkeypatch.setattr(selection, "train_base", lambda cfg, *a, **k: trained.append(cfg) or train_base(cfg, *a, **k))
-    sets = SelectionConfig(**{**TINY_SELECTION, "freeze_base": [True], "memory": ["mean", "sampled"]})
+    sets = SelectionConfig(**{**TINY_SELECTION, "freeze_base": [True], key: values})
     result = selection.select(load_config(params), paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
     assert len(trained) == 1
     (base,) = (tmp_path / "work" / "bases").iterdir()
     stores = sorted((base / "stores").iterdir())
-    assert len(stores) == 2  # mean, sampled
-    rules = sorted(FeatureStore.open(s / "features.zarr").memory_rule[0] for s in stores)
-    assert rules == ["mean", "sampled"]
-    assert [r["value"] for r in result["rows"] if r["key"] == "extract.memory"] == ["mean", "sampled"]
-    assert result["chosen"]["extract.memory"] in ("mean", "sampled")
+    assert len(stores) == len(values)
+    assert sorted(stored(FeatureStore.open(s / "features.zarr")) for s in stores) == sorted(values)
+    assert [r["value"] for r in result["rows"] if r["key"] == f"extract.{key}"] == values
+    assert result["chosen"][f"extract.{key}"] in values
 
 
 def test_base_stage_candidates_each_train_their_own_base_model(real_pack, tmp_path):
