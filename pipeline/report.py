@@ -11,6 +11,8 @@ import pandas as pd
 from pipeline.atomic import atomic_output, atomic_write_text
 
 ACCURACIES = ("acc", "base_acc", "novel_acc")
+# errors across the base / novel boundary (pipeline/training/evaluate.py), the method's and each baseline's
+CROSSINGS = ("novel_as_base", "base_as_novel")
 PROTOTYPE_SPACES = ("backbone", "projector")  # the NCM baselines of pipeline/training/prototype.py
 ARRAYS_FILE = "diagnostics.npz"  # per-sample arrays each incremental session writes (pipeline/training/diagnostics.py)
 # the session diagnostics (sessions >= 1), as sessions.csv columns diag_<name>
@@ -19,8 +21,9 @@ DIAGNOSTICS = ("alignment", "base_novel_similarity", "z_energy_base", "z_energy_
 
 
 def prototype_columns(space: str) -> dict[str, str]:
-    """sessions.csv column of each accuracy of one prototype baseline: {"acc": "proto_backbone_acc", ...}."""
-    return {name: f"proto_{space}_{name}" for name in ACCURACIES}
+    """sessions.csv column of each accuracy and crossing of one prototype baseline: {"acc": "proto_backbone_acc",
+    ...}."""
+    return {name: f"proto_{space}_{name}" for name in (*ACCURACIES, *CROSSINGS)}
 
 
 def _prototype_row(result: dict, session0: dict | None) -> dict:
@@ -35,12 +38,13 @@ def session_table(results: list[dict]) -> pd.DataFrame:
     come from session 1's `prototype_session0` (the base stage has no feature store)."""
     session0 = next((r.get("prototype_session0") for r in results if r["session"] == 1), None)
     rows = [{"session": r["session"], "acc": r["acc"], "base_acc": r["base_acc"], "novel_acc": r["novel_acc"],
+             **{name: r.get(name) for name in CROSSINGS},  # None in metrics written before they existed
              "num_seen_classes": r["num_seen_classes"], "num_test": r["num_test"], **_prototype_row(r, session0),
              "projector_parameters": r.get("projector_parameters"),
              **{f"diag_{name}": r.get("diagnostics", {}).get(name) for name in DIAGNOSTICS}}
             for r in results]
     table = pd.DataFrame(rows).sort_values("session").reset_index(drop=True)
-    floats = [column for space in PROTOTYPE_SPACES for column in prototype_columns(space).values()]
+    floats = [*CROSSINGS, *(column for space in PROTOTYPE_SPACES for column in prototype_columns(space).values())]
     floats += ["projector_parameters", *(f"diag_{name}" for name in DIAGNOSTICS)]
     table[floats] = table[floats].astype(float)
     expected = list(range(len(table)))

@@ -19,6 +19,7 @@ from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMemory
 from pipeline.training.base_model import load_base_model
 from pipeline.training.checkpoint import load_checkpoint, unprefixed
+from pipeline.training.evaluate import session_metrics
 from pipeline.training.incremental_session import frozen_digest, session_training_set
 from tests.pipeline_fixtures import NUM_SESSIONS, cli, run_stage
 
@@ -66,6 +67,19 @@ def test_session_metrics_cover_exactly_the_seen_classes(tiny_run):
         counts = np.bincount(all_labels[all_labels < num_seen], minlength=num_seen)
         assert m["acc"] == pytest.approx(float((per * counts).sum() / counts.sum()), abs=1e-3)
         assert m["base_acc"] == pytest.approx(float((per[:8] * counts[:8]).sum() / counts[:8].sum()), abs=1e-3)
+
+
+def test_session_metrics_say_where_the_errors_cross_between_base_and_novel():
+    # 3 base classes (0-2), 2 novel (3, 4). Base: 0 right, 1 -> novel 3, 2 -> base 1; novel: 3 -> base 0, 4 right,
+    # 4 -> novel 3, 3 -> novel 4
+    labels = np.array([0, 1, 2, 3, 4, 4, 3])
+    pred = np.array([0, 3, 1, 0, 4, 3, 4])
+    m = session_metrics(pred, labels, num_base=3, num_seen=5)
+    assert m["base_acc"] == pytest.approx(100 / 3, abs=1e-3) and m["novel_acc"] == pytest.approx(25.0)
+    assert m["base_as_novel"] == pytest.approx(100 / 3, abs=1e-3)  # one of three base samples
+    assert m["novel_as_base"] == pytest.approx(25.0)  # one of four novel samples; the other two errors stay novel
+    base_only = session_metrics(np.array([0, 1, 1]), np.array([0, 1, 2]), num_base=3, num_seen=3)
+    assert base_only["base_as_novel"] == 0.0 and base_only["novel_as_base"] is None
 
 
 def test_memory_grows_by_the_new_classes_under_the_store_rule(tiny_run):
@@ -116,7 +130,11 @@ def test_report_matches_session_metrics(tiny_run):
     assert summary["pd"] == pytest.approx(accs[0] - accs[-1], abs=1e-3)
     assert summary["final"] == pytest.approx(accs[-1])
     csv = (paths.report / "sessions.csv").read_text().splitlines()
-    assert csv[0].startswith("session,acc,base_acc,novel_acc") and len(csv) == NUM_SESSIONS + 2
+    assert csv[0].startswith("session,acc,base_acc,novel_acc,novel_as_base,base_as_novel")
+    assert len(csv) == NUM_SESSIONS + 2
+    for session, line in enumerate(csv[2:], start=1):  # the crossings as each session's metrics.json has them
+        m = json.loads((paths.session(session) / "metrics.json").read_text())
+        assert [float(v) for v in line.split(",")[4:6]] == pytest.approx([m["novel_as_base"], m["base_as_novel"]])
     assert (paths.report / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -19,8 +19,8 @@ from pipeline.training.prototype import ncm_predict
 from tests.pipeline_fixtures import NUM_SESSIONS
 
 NUM_BASE, WAYS = 8, 2
-PROTO_COLUMNS = ["proto_backbone_acc", "proto_backbone_base_acc", "proto_backbone_novel_acc",
-                 "proto_projector_acc", "proto_projector_base_acc", "proto_projector_novel_acc"]
+PROTO_COLUMNS = [f"proto_{space}_{name}" for space in ("backbone", "projector")
+                 for name in ("acc", "base_acc", "novel_acc", "novel_as_base", "base_as_novel")]
 
 
 def test_ncm_is_cosine_not_euclidean():
@@ -34,14 +34,18 @@ def test_ncm_is_cosine_not_euclidean():
 
 
 def _cosine_metrics(prototypes: np.ndarray, test: np.ndarray, labels: np.ndarray) -> dict:
-    """Cosine argmax in numpy; accuracies in % (all / base / novel)."""
+    """Cosine argmax in numpy; accuracies in % (all / base / novel) and the errors across the base / novel line."""
     def unit(x: np.ndarray) -> np.ndarray:
         return x / np.linalg.norm(x, axis=1, keepdims=True)
 
-    correct = (unit(test) @ unit(prototypes).T).argmax(axis=1) == labels
+    pred = (unit(test) @ unit(prototypes).T).argmax(axis=1)
+    correct = pred == labels
     base = labels < NUM_BASE
+    novel = ~base
     return {"acc": 100 * correct.mean(), "base_acc": 100 * correct[base].mean(),
-            "novel_acc": 100 * correct[~base].mean() if (~base).any() else None}
+            "novel_acc": 100 * correct[novel].mean() if novel.any() else None,
+            "novel_as_base": 100 * (pred[novel] < NUM_BASE).mean() if novel.any() else None,
+            "base_as_novel": 100 * (pred[base] >= NUM_BASE).mean()}
 
 
 def _class_mean_maps(store: FeatureStore, session: int) -> np.ndarray:
