@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
@@ -9,12 +10,14 @@ from typer.testing import CliRunner
 
 from stages.cli import app
 
+# the stage tests run on the CPU; FSCIL_TEST_DEVICE=cuda runs them on a GPU (the same assertions)
+TEST_DEVICE = os.environ.get("FSCIL_TEST_DEVICE", "cpu")
 TINY_PARAMS = {
     "preset": "synthetic",
     "variant": None,
     "variant_params": None,
     "seed": 0,
-    "device": "cpu",
+    "device": TEST_DEVICE,
     "threads": 2,
     "data": {"base_classes": 8, "ways": 2, "shots": 2, "sessions": 3, "train_per_class": 12,
              "novel_pool_per_class": 4, "test_per_class": 4},

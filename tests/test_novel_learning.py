@@ -14,8 +14,9 @@ from pipeline.config import build_config
 from pipeline.data.prepare import build_pack
 from pipeline.selection import run_candidate
 from tests.data_fixtures import OMNIGLOT_SMALL1, omniglot_small1
+from tests.pipeline_fixtures import TEST_DEVICE
 
-PARAMS = {"preset": "omniglot", "device": "cpu", "threads": 2,
+PARAMS = {"preset": "omniglot", "device": TEST_DEVICE, "threads": 2,
           "data": {"root": str(OMNIGLOT_SMALL1), "base_classes": 20, "ways": 5, "shots": 5, "sessions": 1},
           "base": {"epochs": 40, "batch_size": 64, "warmup_steps": 10, "unaugmented_epochs": 10}}  # the preset's share
 
