@@ -49,11 +49,15 @@ class Config:
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     sessions: dict[str, str] | None = None
     """params.yaml `sessions`: the incremental sessions `dvc repro` runs (dvc.yaml's foreach); None outside DVC."""
+    deterministic: bool = True
+    """CUDA only: bit-for-bit reruns in full float32 (true) or the faster kernels (false); `pipeline.device`."""
 
     def to_dict(self, for_digest: bool = False) -> dict[str, Any]:
         """Every value; for_digest: the sections as digests hash them (`SectionConfig.digest_values`)."""
-        out = {"preset": self.preset, "seed": self.seed, "device": self.device, "threads": self.threads,
-               "variant": self.variant}
+        out = {"preset": self.preset, "seed": self.seed, "device": self.device, "deterministic": self.deterministic,
+               "threads": self.threads, "variant": self.variant}
+        if for_digest and self.device == "cpu":
+            del out["deterministic"]  # a CPU run does not read it (stored runs keep their keys)
         for name in SECTIONS:
             section = getattr(self, name)
             out[name] = section.digest_values() if for_digest else dataclasses.asdict(section)
@@ -122,7 +126,7 @@ def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
     """Merge params (nulls mean "the preset's value") over the named preset, then, for a named variant, the values
     chosen for it (`variant_params`) and the variant's own keys; returns plain dicts."""
     params = dict(params)
-    top = ("preset", "variant", "seed", "device", "threads", "sessions", "variant_params")
+    top = ("preset", "variant", "seed", "device", "deterministic", "threads", "sessions", "variant_params")
     unknown = sorted(set(params) - {*top, *SECTIONS})
     if unknown:
         raise FSCILError(f"params: unknown key {unknown[0]} (valid: {', '.join(top)}, {', '.join(SECTIONS)})")
@@ -134,7 +138,7 @@ def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
     # values chosen for one named variant (`fscil select` run with that variant): the preset's, then params.yaml's
     per_variant = [_variant_params(merged.pop("variant_params", None), f"preset {preset}"),
                    _variant_params(params.get("variant_params"), "params")]
-    for key in ("seed", "device", "threads"):
+    for key in ("seed", "device", "deterministic", "threads"):
         if params.get(key) is not None:
             merged[key] = params[key]
     for name in SECTIONS:
@@ -242,6 +246,8 @@ def build_config(params: dict[str, Any]) -> Config:
     device = merged.get("device", "auto")
     check(device in ("auto", "cpu", "cuda") or str(device).startswith("cuda:"), "", "device",
            "must be auto, cpu or cuda[:N]")
+    deterministic = merged.get("deterministic", True)
+    check(isinstance(deterministic, bool), "", "deterministic", "must be true or false")
     data = dict(merged["data"])
     data.setdefault("seed", seed)
     threads = merged.get("threads", 2)
@@ -253,7 +259,7 @@ def build_config(params: dict[str, Any]) -> Config:
                  extract=ExtractConfig.from_dict(merged["extract"]),
                  incremental=IncrementalConfig.from_dict(merged["incremental"]),
                  selection=SelectionConfig.from_dict(merged["selection"]),
-                 sessions=check_session_map(merged.get("sessions")))
+                 sessions=check_session_map(merged.get("sessions")), deterministic=deterministic)
     if cfg.model.projector == "single_ssm":
         # with one branch the class-sensitive losses would act on g_base, the branch that carries the base
         # classes; the paper's row 2 has none (variant single_ssm)

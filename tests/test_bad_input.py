@@ -70,7 +70,8 @@ def test_invalid_params(tmp_path, section, values, needles):
 
 def test_invalid_top_level_params(tmp_path):
     for extra, needle in (({"sed": 1}, "unknown key sed"), ({"preset": "imagenet"}, "preset 'imagenet'"),
-                          ({"seed": -1}, "seed"), ({"device": "tpu"}, "device")):
+                          ({"seed": -1}, "seed"), ({"device": "tpu"}, "device"),
+                          ({"deterministic": "yes"}, "deterministic")):
         params = tmp_path / "params.yaml"
         params.write_text(yaml.safe_dump({**TINY_PARAMS, **extra}))
         _assert_one_line_error(cli("stage", "base", "--params", str(params), "--data-dir", str(tmp_path)), needle)

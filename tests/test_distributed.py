@@ -29,7 +29,7 @@ from pipeline.training.base_model import MODEL_FILE
 from pipeline.training.checkpoint import load_checkpoint
 from pipeline.training.distributed import GlobalBatchNorm2d, ProcessGroup, convert_global_batchnorm
 from stages.paths import StagePaths
-from tests.pipeline_fixtures import run_stage, write_params
+from tests.pipeline_fixtures import TEST_DEVICE, run_stage, write_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -166,7 +166,9 @@ TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER
 
 @pytest.mark.parametrize("precise_bn", [False, True], ids=["running-bn", "precise-bn"])
 def test_base_stage_depends_on_the_global_batch_not_the_process_count(tmp_path, precise_bn):
-    params = write_params(tmp_path / "params.yaml", base={**E2E_BASE, "precise_bn": precise_bn})
+    # two processes need two GPUs (one each); with fewer the comparison runs on the CPU (gloo)
+    device = TEST_DEVICE if TEST_DEVICE == "cpu" or torch.cuda.device_count() >= 2 else "cpu"
+    params = write_params(tmp_path / "params.yaml", device=device, base={**E2E_BASE, "precise_bn": precise_bn})
     one, two = tmp_path / "one", tmp_path / "two"
     run_stage("prepare", params, one)
     shutil.copytree(one, two)

@@ -33,7 +33,7 @@ def _batches(ids: np.ndarray, size: int):
 def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_progress: bool = True) -> dict:
     """Write the store at `out_path` (the caller makes it atomic); returns a summary."""
     started = time.time()
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, cfg.deterministic)
     with ImagePack.open(pack_path) as pack:
         model, meta, ckpt_sha = load_base_model(cfg, base_dir, pack.content_hash)
         backbone = model.backbone.to(device).eval()
