@@ -36,7 +36,8 @@ def test_store_equals_direct_backbone_forward(tiny_run):
         assert np.array_equal(np.sort(ids), np.sort(pack.protocol.test_ids))
         with torch.no_grad():
             direct = model.backbone(test_transform(torch.from_numpy(pack.read_images(ids[:20])), preset)).numpy()
-        np.testing.assert_allclose(store.root["test/maps"][:20], direct, rtol=1e-5, atol=1e-6)
+        # the store may come from a GPU (FSCIL_TEST_DEVICE=cuda): float32 rounding relative to the maps' scale
+        np.testing.assert_allclose(store.root["test/maps"][:20], direct, rtol=1e-5, atol=1e-5 * np.abs(direct).max())
         np.testing.assert_array_equal(store.root["test/labels"][:], pack.labels[ids])
         # the class-mean memory of the base classes
         base = pack.protocol.sessions[0]
