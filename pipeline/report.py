@@ -54,15 +54,21 @@ def session_table(results: list[dict]) -> pd.DataFrame:
 
 
 def summarise(table: pd.DataFrame) -> dict:
-    """metrics.json content: accuracy per session, AVG, PD and final (all in %)."""
+    """metrics.json content: accuracy per session, AVG, PD and final (all in %), and after the last session the
+    share of test images that crossed between base and novel classes (when its metrics have them), so that
+    `dvc exp show` lists where a run's errors go beside its accuracy."""
     acc = table["acc"].astype(float).tolist()
+    last = table.iloc[-1]
+    crossings = {f"final_{name}": round(float(last[name]), 4) for name in CROSSINGS
+                 if name in table and pd.notna(last[name])}
     return {
         "avg": round(sum(acc) / len(acc), 4),
         "pd": round(acc[0] - acc[-1], 4),
         "final": round(acc[-1], 4),
         "base": round(acc[0], 4),
-        "final_base_acc": table["base_acc"].iloc[-1],
-        "final_novel_acc": table["novel_acc"].iloc[-1],
+        "final_base_acc": last["base_acc"],
+        "final_novel_acc": last["novel_acc"],
+        **crossings,
         "sessions": {f"s{int(s)}": round(float(a), 4) for s, a in zip(table["session"], acc, strict=True)},
     }
 

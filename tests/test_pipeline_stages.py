@@ -130,6 +130,9 @@ def test_report_matches_session_metrics(tiny_run):
     assert summary["avg"] == pytest.approx(sum(accs) / len(accs), abs=1e-3)
     assert summary["pd"] == pytest.approx(accs[0] - accs[-1], abs=1e-3)
     assert summary["final"] == pytest.approx(accs[-1])
+    last = json.loads((paths.session(NUM_SESSIONS) / "metrics.json").read_text())
+    assert [summary["final_novel_as_base"], summary["final_base_as_novel"]] == pytest.approx(
+        [last["novel_as_base"], last["base_as_novel"]], abs=1e-4)
     csv = (paths.report / "sessions.csv").read_text().splitlines()
     assert csv[0].startswith("session,acc,base_acc,novel_acc,novel_as_base,base_as_novel")
     assert len(csv) == NUM_SESSIONS + 2

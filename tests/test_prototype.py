@@ -138,6 +138,8 @@ def test_report_has_the_prototype_columns_and_summary(tiny_run):
         assert proto["pd"] == pytest.approx(column.iloc[0] - column.iloc[-1], abs=1e-3)
         assert proto["final"] == pytest.approx(column.iloc[-1]) and proto["base"] == pytest.approx(column.iloc[0])
         assert list(proto["sessions"]) == [f"s{s}" for s in range(NUM_SESSIONS + 1)]
+        for name in ("novel_as_base", "base_as_novel"):
+            assert proto[f"final_{name}"] == pytest.approx(results[-1]["prototype"][space][name], abs=1e-4)
     assert summary["avg"] == pytest.approx(table["acc"].mean(), abs=1e-3)  # the method's summary is unchanged
 
 
@@ -149,3 +151,8 @@ def test_report_of_older_session_metrics_without_prototype(tiny_run, tmp_path):
     table = pd.read_csv(tmp_path / "report" / "sessions.csv")
     assert table[PROTO_COLUMNS].isna().all(axis=None) and table["acc"].notna().all()
     assert (tmp_path / "report" / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
+    # metrics from before the base / novel crossings: the summary leaves them out instead of writing NaN
+    assert "final_novel_as_base" in summary
+    older = [{k: v for k, v in r.items() if k not in ("novel_as_base", "base_as_novel")} for r in results]
+    summary = write_report(older, tmp_path / "metrics.json", tmp_path / "report")
+    assert not any(key.startswith("final_") and key.endswith(("_as_base", "_as_novel")) for key in summary)
