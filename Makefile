@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install repro test lint
+.PHONY: install repro test test-cuda lint
 
 # torch is pinned through constraints.txt to the local CPU build (an unpinned torch pulls CUDA wheels);
 # torchvision's CUDA build is made importable by pipeline/compat/torchvision_cpu.py (a lazy .pth hook).
@@ -29,6 +29,10 @@ $(BIN)/fscil: pyproject.toml constraints.txt
 test: $(BIN)/fscil
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -x --durations=15
+
+# on a CUDA machine: the same suite with the stage tests on the GPU, and the kernel tests when mamba-ssm imports
+test-cuda: $(BIN)/fscil
+	FSCIL_TEST_DEVICE=cuda $(BIN)/python -m pytest -q --durations=15
 
 lint:
 	$(BIN)/ruff check .
