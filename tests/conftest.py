@@ -15,6 +15,21 @@ def _seeded():
     yield
 
 
+@pytest.fixture
+def restore_torch_flags():
+    """configure_cuda sets process-wide torch flags; put them back for the tests after this one."""
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
+             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+             os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    yield
+    torch.use_deterministic_algorithms(saved[0])
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved[1:4]
+    if saved[4] is None:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    else:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = saved[4]
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """One complete tiny pipeline run (prepare .. report), shared by the stage and reliability tests."""

@@ -16,21 +16,6 @@ from pipeline.ops import selective_scan as scan_module
 
 
 @pytest.fixture
-def restore_torch_flags():
-    """configure_cuda sets process-wide torch flags; put them back for the tests after this one."""
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
-             torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
-             os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
-    yield
-    torch.use_deterministic_algorithms(saved[0])
-    torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved[1:4]
-    if saved[4] is None:
-        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
-    else:
-        os.environ["CUBLAS_WORKSPACE_CONFIG"] = saved[4]
-
-
-@pytest.fixture
 def one_fake_gpu(monkeypatch):
     """A machine with one CUDA device, as far as resolve_device can tell; records configure_cuda's calls."""
     calls = []
@@ -76,13 +61,18 @@ def test_configure_cuda_sets_the_torch_flags(restore_torch_flags, monkeypatch, d
 
 def test_kernel_only_where_it_is_reproducible(restore_torch_flags, monkeypatch):
     monkeypatch.setattr(scan_module, "_cuda_selective_scan", None)
-    assert not scan_module.use_kernel(on_cuda=True, needs_grad=False)  # not installed
+    assert not scan_module.use_kernel(needs_grad=False)  # not installed
     monkeypatch.setattr(scan_module, "_cuda_selective_scan", object())
     torch.use_deterministic_algorithms(True)
-    got = {(cuda, grad): scan_module.use_kernel(cuda, grad) for cuda in (True, False) for grad in (True, False)}
-    assert got == {(True, True): False, (True, False): True, (False, True): False, (False, False): False}
+    assert [scan_module.use_kernel(grad) for grad in (True, False)] == [False, True]
     torch.use_deterministic_algorithms(False)
-    assert scan_module.use_kernel(on_cuda=True, needs_grad=True)
+    assert [scan_module.use_kernel(grad) for grad in (True, False)] == [True, True]
+    # CPU tensors never reach the kernel, whatever use_kernel says
+    calls = []
+    monkeypatch.setattr(scan_module, "_cuda_selective_scan", lambda *a, **k: calls.append(1))
+    u = torch.zeros(1, 2, 3)
+    scan_module.selective_scan(u, u, torch.zeros(2, 1), torch.zeros(1, 1, 3), torch.zeros(1, 1, 3))
+    assert calls == []
 
 
 def test_deterministic_param_is_validated_and_keys_only_gpu_runs():

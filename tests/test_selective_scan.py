@@ -216,7 +216,7 @@ class TestCudaKernel:
             errors[name] = assert_close_scaled(grads_k[name], grads_t[name], f"grad of {name}")
         print("cuda", case_id(case), " ".join(f"{k}={a:.1e}/{r:.1e}" for k, (a, r) in errors.items()))
 
-    def test_deterministic_mode_trains_through_the_torch_path(self, monkeypatch):
+    def test_deterministic_mode_trains_through_the_torch_path(self, monkeypatch, restore_torch_flags):
         """Under params `deterministic` (torch's deterministic mode) training gives the same bits twice, and the
         kernel still serves passes without gradients (its forward has no atomics)."""
         calls = []
@@ -224,18 +224,13 @@ class TestCudaKernel:
         monkeypatch.setattr(scan_module, "_cuda_selective_scan", lambda *a, **k: calls.append(1) or kernel(*a, **k))
         inputs = {k: v.cuda() if v is not None else None for k, v in make_inputs(49, 16, 4, b=8, d=64).items()}
         grad_out = torch.randn(inputs["u"].shape, dtype=torch.float64, device="cuda")
-        was = torch.are_deterministic_algorithms_enabled()
-        try:
-            configure_cuda(True)
-            first = output_and_grads(selective_scan, inputs, torch.float32, True, grad_out)
-            second = output_and_grads(selective_scan, inputs, torch.float32, True, grad_out)
-            assert calls == []
-            assert torch.equal(first[0], second[0]) and all(torch.equal(first[1][k], second[1][k]) for k in first[1])
-            with torch.no_grad():
-                out = selective_scan(**{k: v.float() if v is not None else None for k, v in inputs.items()},
-                                     delta_softplus=True)
-            assert calls == [1]
-            assert_close_scaled(out.double(), first[0], "kernel forward vs torch path")
-        finally:
-            configure_cuda(False)
-            torch.use_deterministic_algorithms(was)
+        configure_cuda(True)
+        first = output_and_grads(selective_scan, inputs, torch.float32, True, grad_out)
+        second = output_and_grads(selective_scan, inputs, torch.float32, True, grad_out)
+        assert calls == []
+        assert torch.equal(first[0], second[0]) and all(torch.equal(first[1][k], second[1][k]) for k in first[1])
+        with torch.no_grad():
+            out = selective_scan(**{k: v.float() if v is not None else None for k, v in inputs.items()},
+                                 delta_softplus=True)
+        assert calls == [1]
+        assert_close_scaled(out.double(), first[0], "kernel forward vs torch path")

@@ -49,8 +49,7 @@ def selective_scan(
     u, delta: (b, d, l); A: (d, n); B, C: (b, n, l) or (b, g, n, l); D, delta_bias: (d,);
     z: (b, d, l). Returns (b, d, l) in u's dtype.
     """
-    inputs = (u, delta, A, B, C, D, z, delta_bias)
-    if use_kernel(u.is_cuda, _needs_grad(inputs)):
+    if u.is_cuda and use_kernel(_needs_grad((u, delta, A, B, C, D, z, delta_bias))):
         return _cuda_selective_scan(u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
     return selective_scan_torch(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
 
@@ -59,11 +58,12 @@ def _needs_grad(inputs: tuple[Tensor | None, ...]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
 
 
-def use_kernel(on_cuda: bool, needs_grad: bool) -> bool:
-    """mamba_ssm's kernel for CUDA tensors, except for training under torch's deterministic mode (params
-    `deterministic`): its backward sums the gradients of A, D, delta_bias and of B, C shared by channels with
-    atomic adds, whose order, hence rounding, changes from run to run. Its forward has no atomics."""
-    if _cuda_selective_scan is None or not on_cuda:
+def use_kernel(needs_grad: bool) -> bool:
+    """Whether CUDA tensors go to mamba_ssm's kernel: when it is installed, except for training under torch's
+    deterministic mode (params `deterministic`): its backward sums the gradients of A, D, delta_bias and of B, C
+    shared by channels with atomic adds, whose order, hence rounding, changes from run to run. Its forward has no
+    atomics."""
+    if _cuda_selective_scan is None:
         return False
     return not (needs_grad and torch.are_deterministic_algorithms_enabled())
 
