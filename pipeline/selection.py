@@ -284,6 +284,9 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
         f"{', '.join(str(p[1]['seed']) for p in packs)}")
     results_path = work_dir / RESULTS_FILE
     results: dict[str, dict] = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    if results:  # keyed by the values a candidate reads, not by the code (like a study's stored runs)
+        say(f"select: {len(results)} candidate results stored in {work_dir} are reused where they match "
+            "(made by the code of then; delete the folder to recompute them)")
     chosen: dict[str, Any] = {}
     rows: list[dict] = []
     def group_values(group: list) -> list:

@@ -45,6 +45,16 @@ SCORES = ("base", "final", "avg", "pd")
 PROTOTYPE = "prototype (backbone NCM)"
 
 
+def prototype_label(reference: str) -> str:
+    """The prototype row's name: the class means of whose backbones it is (each projector family trains its own)."""
+    return f"{PROTOTYPE} of {reference}"
+
+
+def reference_variant(variants: list[str]) -> str:
+    """The variant whose backbones give the study's prototype row: mamba_fscil when present, else the first."""
+    return "mamba_fscil" if "mamba_fscil" in variants else variants[0]
+
+
 def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out_dir: Path,
               log: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Run every (variant, seed) on `params` (a params.yaml mapping); returns the per-session rows of all runs."""
@@ -54,6 +64,10 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
     say = log or (lambda line: None)
     runs_path = work / RUNS_FILE
     runs: dict[str, dict] = json.loads(runs_path.read_text()) if runs_path.is_file() else {}
+    stored = sum(run_key(build_config({**params, "variant": v, "seed": s})) in runs for s in seeds for v in variants)
+    if stored:  # keyed by every value a run reads, not by the code: after a code change, start from a new folder
+        say(f"study: reusing {stored} of {len(seeds) * len(variants)} runs stored in {work} "
+            "(made by the code of then; delete the folder to recompute them)")
     keys = []
     for seed in seeds:
         for variant in variants:
@@ -110,13 +124,14 @@ def run_scores(sessions: pd.DataFrame, column: str = "acc") -> pd.DataFrame:
 
 def study_table(sessions: pd.DataFrame, variants: list[str], reference: str | None = None) -> pd.DataFrame:
     """Mean and std over seeds per variant (in the given order), then the backbone prototype baseline of the
-    `reference` variant's runs (default: mamba_fscil when present, else the first variant)."""
-    reference = reference or ("mamba_fscil" if "mamba_fscil" in variants else variants[0])
+    `reference` variant's runs (default: `reference_variant`), named after it."""
+    reference = reference or reference_variant(variants)
+    label = prototype_label(reference)
     method = run_scores(sessions)
     proto = run_scores(sessions[sessions["variant"] == reference], "proto_backbone_acc").assign(
-        variant=PROTOTYPE, params=float("nan"))  # no trained parameters
+        variant=label, params=float("nan"))  # no trained parameters
     scores = pd.concat([method, proto], ignore_index=True)
-    order = [v for v in variants if v in set(scores["variant"])] + [PROTOTYPE]
+    order = [v for v in variants if v in set(scores["variant"])] + [label]
     grouped = scores.groupby("variant", sort=False)
     table = grouped[[*SCORES, "vs_proto", "novel_s1"]].agg(["mean", "std"]).reindex(order)
     table[("seeds", "n")] = grouped.size().reindex(order)
@@ -156,9 +171,9 @@ def _plot_study(ax, sessions: pd.DataFrame, variants: list[str], title: str) -> 
         stats = runs.groupby("session")["acc"].agg(["mean", "std"]).fillna(0.0)
         ax.plot(stats.index, stats["mean"], marker="o", label=variant)
         ax.fill_between(stats.index, stats["mean"] - stats["std"], stats["mean"] + stats["std"], alpha=0.15)
-    reference = "mamba_fscil" if "mamba_fscil" in variants else variants[0]
+    reference = reference_variant(variants)
     proto = sessions[sessions["variant"] == reference].groupby("session")["proto_backbone_acc"].mean()
-    ax.plot(proto.index, proto.to_numpy(), linestyle="--", color="black", label=PROTOTYPE)
+    ax.plot(proto.index, proto.to_numpy(), linestyle="--", color="black", label=prototype_label(reference))
     ax.set_xlabel("session")
     ax.set_ylabel("accuracy on all seen classes (%)")
     ax.set_title(title)

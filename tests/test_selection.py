@@ -167,9 +167,11 @@ def test_selection_follows_the_paper_order(real_pack, tmp_path, monkeypatch):
     assert (merged.model.k_paths, merged.incremental.freeze_base, merged.incremental.lambda3) == (2, False, 0.3)
     assert merged.model.dim == cfg.model.dim  # the fragment touches nothing else
 
-    # a second selection recomputes nothing and chooses the same
-    again = selection.select(cfg, paths.pack, tmp_path / "out2", sets, work_dir=tmp_path / "work")
+    # a second selection recomputes nothing and chooses the same, and says it reuses stored results
+    said: list[str] = []
+    again = selection.select(cfg, paths.pack, tmp_path / "out2", sets, work_dir=tmp_path / "work", log=said.append)
     assert len(calls) == len(expected) and again["chosen"] == chosen
+    assert f"select: {len(expected)} candidate results stored in {tmp_path / 'work'} are reused" in said[1]
 
 
 def test_unfrozen_base_parts_train_and_carry_over(selection_run, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 
 import pipeline.study as study
 from pipeline.errors import FSCILError, TrainingDiverged
-from pipeline.study import PROTOTYPE, run_scores, study_table, table_markdown
+from pipeline.study import prototype_label, run_scores, study_table, table_markdown
 from tests.pipeline_fixtures import TINY_PARAMS
 
 
@@ -31,26 +31,29 @@ def test_run_scores_and_table_are_means_and_stds_over_seeds():
     a0 = scores[(scores.variant == "a") & (scores.seed == 0)].iloc[0]
     assert (a0.base, a0.final, a0.avg, a0.pd, a0.novel_s1) == (90.0, 70.0, 80.0, 20.0, 50.0)
     table = study_table(_sessions(), ["b", "a"], reference="a")
-    assert list(table.index) == ["b", "a", PROTOTYPE]
+    proto = prototype_label("a")  # named after the variant whose backbones it is
+    assert list(table.index) == ["b", "a", proto] == ["b", "a", "prototype (backbone NCM) of a"]
     assert table.loc["a", ("avg", "mean")] == pytest.approx(75.0)
     assert table.loc["a", ("avg", "std")] == pytest.approx(np.std([80.0, 70.0], ddof=1))
     assert table.loc["b", ("final", "mean")] == pytest.approx(75.0)
     # the prototype row: the reference variant's backbone NCM column (85, 80, 75 in every run)
-    assert table.loc[PROTOTYPE, ("avg", "mean")] == pytest.approx(80.0)
-    assert table.loc[PROTOTYPE, ("pd", "std")] == pytest.approx(0.0)
+    assert table.loc[proto, ("avg", "mean")] == pytest.approx(80.0)
+    assert table.loc[proto, ("pd", "std")] == pytest.approx(0.0)
     md = table_markdown(table)
     # AVG minus the run's own class means (80 in every run): a 0 and -10, b +10 and 0; none for the prototype row
     assert table.loc["a", ("vs_proto", "mean")] == pytest.approx(-5.0)
     assert table.loc["b", ("vs_proto", "std")] == pytest.approx(np.std([10.0, 0.0], ddof=1))
     assert "| a | 2 | 85.00 ± 7.07 | 65.00 ± 7.07 | 75.00 ± 7.07 | 20.00 ± 0.00 | -5.00 ± 7.07 | 50.50 ± 0.71 |" in md
     assert "| b | 2 | 95.00 ± 7.07 | 75.00 ± 7.07 | 85.00 ± 7.07 | 20.00 ± 0.00 | +5.00 ± 7.07 |" in md
-    assert f"| {PROTOTYPE} | 2 | 85.00 ± 0.00 | 75.00 ± 0.00 | 80.00 ± 0.00 | 10.00 ± 0.00 | - |" in md
+    assert f"| {proto} | 2 | 85.00 ± 0.00 | 75.00 ± 0.00 | 80.00 ± 0.00 | 10.00 ± 0.00 | - |" in md
 
 
 def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
     out = tmp_path / "ablation"
-    sessions = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out)
+    said = []
+    sessions = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out, log=said.append)
+    assert not any("reusing" in line for line in said)
     runs = pd.read_csv(out / "runs.csv")
     assert sorted(zip(runs.variant, runs.seed, strict=True)) == [("dual_ssm", 0), ("dual_ssm", 1),
                                                                 ("mamba_fscil", 0), ("mamba_fscil", 1)]
@@ -64,7 +67,8 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     assert table.loc["mamba_fscil", ("params", "final")] == count
     md = (out / "table.md").read_text().splitlines()
     assert next(line for line in md if line.startswith("| mamba_fscil")).endswith(f"| {count:,} |")
-    assert next(line for line in md if line.startswith(f"| {PROTOTYPE}")).endswith("| - |")
+    # the prototype row is the class means of mamba_fscil's backbones (the reference when present), and says so
+    assert next(line for line in md if line.startswith(f"| {prototype_label('mamba_fscil')} |")).endswith("| - |")
     # both variants have the same model and base sections: one base model per seed serves both
     assert len(list((tmp_path / "ablation.work" / "bases").iterdir())) == 2
 
@@ -72,8 +76,12 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(study, "run_candidate", fail)
-    again = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out)
+    said.clear()
+    again = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out, log=said.append)
     pd.testing.assert_frame_equal(again, sessions)
+    # stored runs are keyed by their values, not by the code: reusing them is said, with the folder to delete
+    assert said[0] == (f"study: reusing 4 of 4 runs stored in {tmp_path / 'ablation.work'} "
+                       "(made by the code of then; delete the folder to recompute them)")
 
 
 def test_a_diverging_run_is_listed_not_averaged(tmp_path, monkeypatch):
@@ -87,7 +95,9 @@ def test_a_diverging_run_is_listed_not_averaged(tmp_path, monkeypatch):
 
     monkeypatch.setattr(study, "run_candidate", run)
     out = tmp_path / "ablation"
-    sessions = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out)
+    said = []
+    sessions = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out, log=said.append)
+    assert not any("reusing" in line for line in said)
     assert set(zip(sessions.variant, sessions.seed, strict=True)) == {("dual_ssm", 0), ("dual_ssm", 1),
                                                                      ("mamba_fscil", 0)}
     table = pd.read_csv(out / "table.csv", header=[0, 1], index_col=0)
