@@ -266,6 +266,8 @@ def build_config(params: dict[str, Any]) -> Config:
         for key in ("lambda1", "lambda2", "lambda3"):
             check(getattr(cfg.incremental, key) == 0, "incremental", key,
                   "must be 0 with model.projector single_ssm (it has no g_inc to regularise; use variant single_ssm)")
+    check(cfg.incremental.deviation_prob == 0 or cfg.extract.deviations > 0, "incremental", "deviation_prob",
+          "needs base deviations in the feature store: set extract.deviations > 0")
     check(cfg.incremental.inc_init == "random" or cfg.model.projector not in ("single_ssm", "expanding_mlp"),
           "incremental", "inc_init", f"must be random with model.projector {cfg.model.projector} (it has no single "
           "g_inc to start from g_base)")

@@ -249,6 +249,10 @@ class ExtractConfig(SectionConfig):
     paper), random (one of its training maps) or sampled (memory_k of them). The sessions follow the store's rule."""
     memory_k: int = 4
     """Maps kept per class by memory=sampled."""
+    deviations: int = added_field(0)
+    """Base training maps per class (drawn, seeded) whose difference from their class mean the store keeps
+    (memory/base_deviations): the base classes' within-class spread, which incremental.deviation_prob lends to the
+    shots (ours; 0: none)."""
 
     @property
     def memory_rule(self) -> tuple[str, int]:
@@ -261,6 +265,7 @@ class ExtractConfig(SectionConfig):
 
         check(self.memory in MEMORY_KINDS, "extract", "memory", f"must be one of {', '.join(MEMORY_KINDS)}")
         check(self.memory_k >= 1, "extract", "memory_k", "must be >= 1")
+        check(self.deviations >= 0, "extract", "deviations", "must be >= 0")
         check(self.batch_size >= 1, "extract", "batch_size", "must be >= 1")
         check(self.augmented_views >= 0, "extract", "augmented_views", "must be >= 0")
         check(self.chunk_samples >= 1, "extract", "chunk_samples", "must be >= 1")
@@ -310,6 +315,10 @@ class IncrementalConfig(SectionConfig):
     """Feature-mixup ratio."""
     mixup_prob: float = 0.0
     """Feature-mixup probability per batch (0: off)."""
+    deviation_prob: float = added_field(0.0)
+    """Probability that a novel-group row of a batch (a shot, or a replayed earlier novel row) is trained with a
+    random base deviation added (a base training map minus its class mean, extract.deviations): five shots show
+    little of how a class varies, the base classes show it with every image (ours; 0: off)."""
     dr_scale: float = 1.0
     grad_clip_norm: float | None = None
     """Clip the norm of the session's whole gradient (every trainable projector and classifier parameter) to this
@@ -330,6 +339,7 @@ class IncrementalConfig(SectionConfig):
         check(self.suppression in SUPPRESSION_TARGETS, "incremental", "suppression",
                f"must be one of {sorted(SUPPRESSION_TARGETS)}")
         check(0 <= self.mixup_prob <= 1, "incremental", "mixup_prob", "must be in [0, 1]")
+        check(0 <= self.deviation_prob <= 1, "incremental", "deviation_prob", "must be in [0, 1]")
         for key in ("weight_decay", "lambda1", "lambda2", "lambda3"):
             check(getattr(self, key) >= 0, "incremental", key, "must be >= 0")
         check(self.inc_init in ("random", "base"), "incremental", "inc_init", "must be random or base")

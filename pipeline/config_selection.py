@@ -19,8 +19,9 @@ BASE_SELECTION_KEYS = ("epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha"
 # memory rows, base_copy repeats the base classes' rows, so its best value depends on how many rows a class keeps)
 SCHEDULE_SELECTION_KEYS = (("incremental", "lr"), ("incremental", "base_lr_scale"), ("incremental", "weight_decay"),
                            ("incremental", "grad_clip_norm"), ("incremental", "steps"), ("incremental", "mixup_prob"),
-                           ("extract", "augmented_views"), ("extract", "memory"), ("extract", "memory_k"),
-                           ("incremental", "replay"), ("incremental", "copy"), ("incremental", "base_copy"))
+                           ("incremental", "deviation_prob"), ("extract", "augmented_views"), ("extract", "memory"),
+                           ("extract", "memory_k"), ("incremental", "replay"), ("incremental", "copy"),
+                           ("incremental", "base_copy"))
 
 
 @dataclass
@@ -81,6 +82,9 @@ class SelectionConfig(SectionConfig):
     budgets a session can end before it fits its own shots)."""
     mixup_prob: list[float] = field(default_factory=list)
     """Stage 0 candidates of incremental.mixup_prob (empty: keep the configured value)."""
+    deviation_prob: list[float] = field(default_factory=list)
+    """Stage 0 candidates of incremental.deviation_prob (empty: keep the configured value; ours: base deviations
+    lent to the novel rows; needs extract.deviations > 0, set in params)."""
     replay: list[str] = field(default_factory=list)
     """Stage 0 candidates of incremental.replay (empty: keep the configured value)."""
     copy: list[int] = field(default_factory=list)

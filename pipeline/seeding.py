@@ -11,6 +11,7 @@ BASE_STEP_AUGMENT = 2 * 7919  # + step: base-session augmentation and Mixup/CutM
 EXTRACT_VIEW = 104_729  # + view: augmented views of the few-shot images in the feature store
 SESSION = 15_485_863  # x session: incremental session shuffling and feature mixup
 MEMORY = 32_452_843  # + session (0: the base classes, at extract): the random / sampled class memory
+DEVIATION = 49_979_687  # + session (0: which base maps the store keeps, at extract): base deviations lent to shots
 
 
 def seeded_generator(seed: int, offset: int, device: torch.device | str = "cpu") -> torch.Generator:

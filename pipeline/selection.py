@@ -10,10 +10,10 @@ incremental.inc_init), with lambda1 at its configured value and lambda2 = lambda
 lambda3 = 0), then lambda2 (lambda3 = 0), then lambda3. Optional stages, not in the paper, come first when candidates
 are given: the base training (base.epochs, lr, dr_scale, weight_decay; each candidate trains its own pseudo base model),
 then the session schedule and training set (incremental.lr, base_lr_scale, weight_decay, grad_clip_norm, steps,
-mixup_prob, the shots' stored augmented views extract.augmented_views, the memory: extract.memory, memory_k, then
-replay, copy, base_copy; these keys interact, so their stage repeats until a pass changes nothing). A tie keeps the
-configured value, else the earliest candidate. With selection.protocols > 1 a candidate scores its mean pseudo AVG
-over that many pseudo protocols (seeds selection.seed, seed + 1, ...).
+mixup_prob, deviation_prob, the shots' stored augmented views extract.augmented_views, the memory: extract.memory,
+memory_k, then replay, copy, base_copy; these keys interact, so their stage repeats until a pass changes nothing). A
+tie keeps the configured value, else the earliest candidate. With selection.protocols > 1 a candidate scores its mean
+pseudo AVG over that many pseudo protocols (seeds selection.seed, seed + 1, ...).
 """
 
 from __future__ import annotations
@@ -274,6 +274,9 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
     sel = candidates or cfg.selection
     if cfg.model.projector != "dual_ssm":
         raise FSCILError(f"selection tunes the dual_ssm projector, not model.projector={cfg.model.projector}")
+    if any(sel.deviation_prob) and not cfg.extract.deviations:
+        raise FSCILError("params: selection.deviation_prob lists a value > 0, which needs base deviations in the "
+                         "feature store: set extract.deviations > 0")
     out_dir, work_dir = Path(out_dir), Path(work_dir or Path(out_dir) / "work")
     work_dir.mkdir(parents=True, exist_ok=True)
     say = log or (lambda line: None)

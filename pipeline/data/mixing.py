@@ -90,3 +90,17 @@ def feature_mixup(mu: torch.Tensor, target: torch.Tensor, ratio: float, prob: fl
     perm = torch.randperm(n, generator=generator).to(mu.device)
     mixed = ratio * mu + (1.0 - ratio) * mu[perm]
     return mixed, target, target[perm], lam * ratio
+
+
+# ---- base deviations lent to the novel rows of an incremental batch (ours; extract.deviations, deviation_prob) ----
+def lend_deviations(x: torch.Tensor, is_base: torch.Tensor, deviations: torch.Tensor, prob: float,
+                    generator: torch.Generator) -> torch.Tensor:
+    """Each novel row of the batch x (N, C, H, W) (is_base false) gets, with probability `prob`, one random base
+    deviation (a base training map minus its class mean) added: the shot seen as another drawer's version of it.
+
+    Base rows are never changed. Draws (one uniform and one index per row) come from `generator` (CPU).
+    """
+    n = x.shape[0]
+    chosen = (torch.rand(n, generator=generator) < prob).to(x.device) & ~is_base
+    pick = torch.randint(len(deviations), (n,), generator=generator).to(deviations.device)
+    return x + chosen.to(x.dtype)[:, None, None, None] * deviations[pick]

@@ -7,6 +7,8 @@ Layout (arrays chunked along samples):
     memory/base_means (B, C, H, W), memory/base_classes (B,)         class-mean maps of the base classes (NCM)
     memory/base_maps (M, C, H, W), memory/base_map_classes (M,)      the base classes' memory (attrs "memory",
                                                                      "memory_k": the rule, pipeline/store/memory.py)
+    memory/base_deviations (D, C, H, W), ..._classes (D,)            optional: base training maps minus their class
+                                                                     mean (attr "deviations": per class)
 Root attributes hold the format version, the sha256 of the image pack's content and of the base checkpoint, the
 map shape, dtype and the transform. `FeatureStore.open` refuses a store that is incomplete, of another format,
 or built from another checkpoint or data pack.
@@ -29,7 +31,8 @@ class FeatureStoreWriter:
     """Creates the arrays up front, then takes slices; `finish` marks the store complete."""
 
     def __init__(self, path: Path, map_shape: tuple[int, int, int], counts: dict[str, int], num_base: int,
-                 views: int, dtype: str, chunk: int, attrs: dict[str, Any], memory_rows: int | None = None):
+                 views: int, dtype: str, chunk: int, attrs: dict[str, Any], memory_rows: int | None = None,
+                 deviation_rows: int = 0):
         self.root = zarr.open_group(str(path), mode="w", zarr_format=3)
         self.dtype = dtype
         c, h, w = map_shape
@@ -51,6 +54,9 @@ class FeatureStoreWriter:
         make("memory/base_classes", (num_base,), "int64")
         make("memory/base_maps", (num_base if memory_rows is None else memory_rows, c, h, w), "float32")
         make("memory/base_map_classes", (num_base if memory_rows is None else memory_rows,), "int64")
+        if deviation_rows:
+            make("memory/base_deviations", (deviation_rows, c, h, w), "float32")
+            make("memory/base_deviation_classes", (deviation_rows,), "int64")
         self.root.attrs.update({**attrs, "format": FORMAT, "complete": False, "map_shape": [c, h, w],
                                 "dtype": dtype, "augmented_views": views})
 
@@ -140,6 +146,12 @@ class FeatureStore:
         if "memory/base_maps" not in self.root:  # a store of the mean rule written before the memory variants
             return self.base_means()
         return self._read("memory/base_maps").astype(np.float32), self._read("memory/base_map_classes")
+
+    def base_deviations(self) -> np.ndarray | None:
+        """Base training maps minus their class mean (D, C, H, W), or None when the store keeps none."""
+        if not self.attrs.get("deviations", 0) or "memory/base_deviations" not in self.root:
+            return None
+        return self._read("memory/base_deviations").astype(np.float32)
 
     def base_means(self) -> tuple[np.ndarray, np.ndarray]:
         """Class-mean maps of the base classes (B, C, H, W) and their classes: the prototype baseline's."""

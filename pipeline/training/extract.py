@@ -1,8 +1,9 @@
 """Fill the feature store from the frozen base backbone (eval mode, test-time transform).
 
 Writes the maps of every test image, of every few-shot training image (plus optional augmented views), and the
-class-mean maps of the base classes (the prototype baseline's), streaming batch by batch, and the base classes'
-memory by the extract.memory rule (eq. memory: the class means; or random / sampled training maps).
+class-mean maps of the base classes (the prototype baseline's), streaming batch by batch, the base classes'
+memory by the extract.memory rule (eq. memory: the class means; or random / sampled training maps), and optionally
+extract.deviations base training maps per class minus their class mean (their within-class spread).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pipeline.data.augment import test_transform, train_augment
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.device import resolve_device
-from pipeline.seeding import EXTRACT_VIEW, MEMORY, seeded_generator
+from pipeline.seeding import DEVIATION, EXTRACT_VIEW, MEMORY, seeded_generator
 from pipeline.store.feature_store import FeatureStoreWriter
 from pipeline.store.memory import memory_rows
 from pipeline.training.base_model import load_base_model
@@ -51,14 +52,16 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
         # the base classes' memory rows (random / sampled rules), drawn before anything is written
         memory_ids = None if kind == "mean" else base_ids[memory_rows(pack.labels[base_ids], kind, k,
                                                                       seeded_generator(cfg.seed, MEMORY))]
+        deviation_ids = base_ids[memory_rows(pack.labels[base_ids], "sampled", cfg.extract.deviations,
+                                             seeded_generator(cfg.seed, DEVIATION))] if cfg.extract.deviations else []
         writer = FeatureStoreWriter(
             out_path, map_shape, {"test": len(test_ids), "fewshot": len(fewshot_ids)}, num_base, views,
             cfg.extract.dtype, cfg.extract.chunk_samples,
             attrs={"pack_hash": pack.content_hash, "checkpoint_sha256": ckpt_sha, "preset": pack.preset,
                    "transform": {"kind": "test", "input_size": preset.input_size}, "num_classes": protocol.num_classes,
                    "num_base": num_base, "num_sessions": len(protocol.sessions), "backbone": cfg.model.backbone,
-                   "memory": kind, "memory_k": k},
-            memory_rows=None if memory_ids is None else len(memory_ids),
+                   "memory": kind, "memory_k": k, "deviations": cfg.extract.deviations},
+            memory_rows=None if memory_ids is None else len(memory_ids), deviation_rows=len(deviation_ids),
         )
         size = cfg.extract.batch_size
         np_dtype = np.dtype(cfg.extract.dtype)
@@ -105,6 +108,11 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
             for start, chunk in _batches(memory_ids, size):
                 writer.write("memory/base_maps", start, maps_of(chunk))
             writer.write("memory/base_map_classes", 0, pack.labels[memory_ids].astype(np.int64))
+        for start, chunk in _batches(deviation_ids, size):  # each map minus its own class's mean
+            writer.write("memory/base_deviations", start,
+                         maps_of(chunk) - means[[slot[int(c)] for c in pack.labels[chunk]]])
+        if len(deviation_ids):
+            writer.write("memory/base_deviation_classes", 0, pack.labels[deviation_ids].astype(np.int64))
         writer.finish()
     return {"test": int(len(test_ids)), "fewshot": int(len(fewshot_ids)), "augmented_views": views, "memory": kind,
             "base_classes": int(len(base_classes)), "map_shape": list(map_shape), "checkpoint_sha256": ckpt_sha,

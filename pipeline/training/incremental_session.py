@@ -2,7 +2,8 @@
 
 The training set is the session's shots (+ stored augmented views), each earlier novel class's memory prototype
 repeated `copy` times and each base-class prototype repeated `base_copy` times (eq. batch_split: the base group
-is the base prototypes, the novel group everything else). A fresh SGD per session with linear warm-up and cosine
+is the base prototypes, the novel group everything else); with incremental.deviation_prob, novel rows of a batch
+are trained with a stored base deviation added (ours). A fresh SGD per session with linear warm-up and cosine
 decay; batches are shuffled by a seeded permutation, drop_last, cycled for the session's step count. After
 training: evaluation on every test map of the classes seen so far, and the new classes' means join the memory.
 """
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from pipeline.data.mixing import feature_mixup
+from pipeline.data.mixing import feature_mixup, lend_deviations
 from pipeline.device import resolve_device
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.file_digest import file_digest
@@ -28,7 +29,7 @@ from pipeline.losses.classification import mixed_loss
 from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import build_head
 from pipeline.models.projector import suppression_target
-from pipeline.seeding import MEMORY, SESSION, seeded_generator
+from pipeline.seeding import DEVIATION, MEMORY, SESSION, seeded_generator
 from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMemory
 from pipeline.training.base_model import MODEL_FILE, config_digest
@@ -213,6 +214,14 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     batch = min(inc.batch_size, len(y_all))
     per_epoch = len(y_all) // batch
     gen = seeded_generator(cfg.seed, SESSION * session)
+    deviations = None
+    if inc.deviation_prob > 0:
+        stored = store.base_deviations()
+        if stored is None:
+            raise FSCILError(f"{store.path}: incremental.deviation_prob needs base deviations in the feature store; "
+                             "set extract.deviations > 0 and rerun extract")
+        deviations = torch.from_numpy(stored).to(device)
+        deviation_gen = seeded_generator(cfg.seed, DEVIATION + session)  # its own stream: the others are unchanged
     projector.train()
     classifier.train()
     history = {"loss": [], "cls": [], "supp": [], "sep": []}
@@ -224,7 +233,10 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
             order = torch.randperm(len(y_all), generator=gen)
         idx = order[(step % per_epoch) * batch:(step % per_epoch + 1) * batch].to(device)
         set_lr(opt, warmup_cosine(step, steps, inc.warmup_steps, inc.warmup_ratio, inc.min_lr_ratio))
-        cls, supp, sep = incremental_loss(projector, classifier, x_all[idx], y_all[idx], base_all[idx], num_seen,
+        x = x_all[idx]
+        if deviations is not None:
+            x = lend_deviations(x, base_all[idx], deviations, inc.deviation_prob, deviation_gen)
+        cls, supp, sep = incremental_loss(projector, classifier, x, y_all[idx], base_all[idx], num_seen,
                                           cfg.model.classifier, inc, gen)
         loss = cls + supp + sep  # eq. optim_inc
         if not torch.isfinite(loss):
