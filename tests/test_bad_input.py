@@ -16,6 +16,7 @@ from pipeline.models.fscil import build_head
 from pipeline.models.projector import Projector
 from pipeline.selection import with_values
 from pipeline.training import incremental_session
+from pipeline.training.base_session import not_learning
 from pipeline.training.incremental_session import loss_rose
 from tests.pipeline_fixtures import TINY_PARAMS, cli, write_params
 
@@ -120,6 +121,30 @@ def test_non_finite_loss_stops_naming_the_step(tiny_run, tmp_path):
     _assert_one_line_error(result, "non-finite loss at epoch", "step")
     # the earlier (complete) base output is still the one in place, untouched
     assert (data / "base" / "model.safetensors").read_bytes() == (paths.base / "model.safetensors").read_bytes()
+
+
+def test_a_base_training_whose_loss_does_not_fall_is_refused(tiny_run, tmp_path, monkeypatch):
+    """A finite but rising base training (here: every update goes uphill, as a far too high lr can) used to be
+    written as a model; now it is a one-line error and the earlier base output stays in place."""
+    _, params, paths = tiny_run
+    data = tmp_path / "data"
+    shutil.copytree(paths.data_dir, data, ignore=shutil.ignore_patterns("sessions", "report"))
+    real_step = torch.optim.SGD.step
+
+    def uphill(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.neg_()
+        return real_step(self, closure)
+
+    monkeypatch.setattr(torch.optim.SGD, "step", uphill)
+    result = cli("stage", "base", "--params", str(params), "--data-dir", str(data), "-q")
+    _assert_one_line_error(result, "base training: the mean loss of the last epoch", "is not below the first epoch's",
+                           "nothing written")
+    assert (data / "base" / "model.safetensors").read_bytes() == (paths.base / "model.safetensors").read_bytes()
+    assert not_learning([1.0, 0.9, 1.0]) and not_learning([1.0, 1.2]) and not_learning([1.0, float("nan")])
+    assert not not_learning([1.0, 1.1, 0.99]) and not not_learning([1.0])  # one epoch: nothing to compare
 
 
 def test_overflowing_features_are_a_non_finite_loss_not_a_silent_flat_one(tiny_run, tmp_path, monkeypatch):

@@ -142,6 +142,13 @@ def _write_base_model(out_dir: Path, model: FSCILModel, cfg, pack: ImagePack, in
     (out_dir / "metrics.json").write_text(json.dumps(result, indent=2))
 
 
+def not_learning(epoch_losses: list[float]) -> bool:
+    """True when a base training of two or more epochs ends with its mean epoch loss not below the first epoch's: an
+    update that rose (a too-high lr) or a model that stopped learning, which would otherwise be written as a result.
+    Every later epoch is at most as hard as the first (same or less augmentation, the last ones often unmixed)."""
+    return len(epoch_losses) >= 2 and not epoch_losses[-1] < epoch_losses[0]
+
+
 def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path, *,
                stop_after_epoch: int | None = None, show_progress: bool = True) -> dict:
     """Train the base session; the main process writes `out_dir`/model.safetensors + metrics.json.
@@ -215,6 +222,9 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
             barrier(group)
             if stop_after_epoch is not None and done >= stop_after_epoch:
                 return {}
+        if not_learning(history):
+            raise TrainingDiverged(f"base training: the mean loss of the last epoch ({history[-1]:.4g}) is not below "
+                                   f"the first epoch's ({history[0]:.4g}); nothing written (lower base.lr)")
         recalibrated = 0
         if cfg.base.precise_bn:  # every process measures all images: the same statistics everywhere
             recalibrated = recalibrate_batchnorm(
