@@ -11,8 +11,9 @@ class FSCILError(Exception):
 
 
 class TrainingDiverged(FSCILError):
-    """Training left the range where its result means anything: a non-finite loss, or a session whose trained model
-    fits its own training rows far worse than it began. Studies and `fscil select` record such a run as diverged (a
+    """Training left the range where its result means anything: a non-finite loss, a session whose trained model
+    fits its own training rows far worse than it began, or a base training whose last epoch's mean loss is not below
+    its first's. Studies and `fscil select` record such a run as diverged (a
     result: counted, not averaged) instead of stopping; a stage prints the message and writes nothing."""
 
     # The version of what counts as diverged, stored with every recorded refusal: 2 measures a session's fit before

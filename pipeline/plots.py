@@ -12,6 +12,8 @@ import pandas as pd
 
 from pipeline.atomic import atomic_output
 
+PROTOTYPE = "prototype (backbone NCM)"  # the class-mean baseline's name in every table and plot
+
 BASE_COLOUR, NOVEL_COLOUR = "tab:blue", "tab:orange"
 
 
@@ -53,7 +55,7 @@ def plot_accuracy(table: pd.DataFrame, path: Path, title: str, prototype_column:
             ax.plot(table["session"], table[column], marker="o", label=label)
         if prototype_column and table[prototype_column].notna().any():
             ax.plot(table["session"], table[prototype_column], linestyle="--", marker="x", color="gray",
-                    label="prototype (backbone NCM)")
+                    label=PROTOTYPE)
         _sessions_axis(ax, table["session"], "accuracy (%)", title)
 
 

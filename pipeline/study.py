@@ -25,6 +25,7 @@ from pipeline.atomic import atomic_output, atomic_write_text
 from pipeline.config import Config, build_config
 from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
+from pipeline.plots import PROTOTYPE
 from pipeline.selection import run_candidate
 
 RUNS_FILE = "runs.json"
@@ -42,7 +43,6 @@ def run_key(cfg: Config) -> str:
 
 
 SCORES = ("base", "final", "avg", "pd")
-PROTOTYPE = "prototype (backbone NCM)"
 
 
 def prototype_label(reference: str) -> str:
@@ -64,36 +64,34 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
     say = log or (lambda line: None)
     runs_path = work / RUNS_FILE
     runs: dict[str, dict] = json.loads(runs_path.read_text()) if runs_path.is_file() else {}
-    stored = sum(run_key(build_config({**params, "variant": v, "seed": s})) in runs for s in seeds for v in variants)
+    plan = [(variant, seed, build_config({**params, "variant": variant, "seed": seed}))
+            for seed in seeds for variant in variants]
+    keys = [run_key(cfg) for _, _, cfg in plan]
+    stored = sum(key in runs and not TrainingDiverged.stale(runs[key]) for key in keys)
     if stored:  # keyed by every value a run reads, not by the code: after a code change, start from a new folder
-        say(f"study: reusing {stored} of {len(seeds) * len(variants)} runs stored in {work} "
+        say(f"study: reusing {stored} of {len(keys)} runs stored in {work} "
             "(made by the code of then; delete the folder to recompute them)")
-    keys = []
-    for seed in seeds:
-        for variant in variants:
-            cfg = build_config({**params, "variant": variant, "seed": seed})
-            key = run_key(cfg)
-            keys.append(key)
-            if key not in runs or TrainingDiverged.stale(runs[key]):
-                pack = work / "packs" / f"{_digest(cfg.to_dict(for_digest=True)['data'])}.h5"
-                if not pack.is_file():
-                    build_pack(cfg.data, pack)
-                started = time.time()
-                scratch = work / "sessions"
-                shutil.rmtree(scratch, ignore_errors=True)
-                runs[key] = {"variant": variant, "seed": seed}
-                try:
-                    runs[key]["table"] = run_candidate(cfg, pack, scratch, work / "bases")["table"]
-                except TrainingDiverged as err:
-                    runs[key].update(err.record())  # a result too: kept, counted, not averaged
-                runs[key]["seconds"] = round(time.time() - started, 1)
-                atomic_write_text(runs_path, json.dumps(runs, indent=2) + "\n")
-            if "diverged" in runs[key]:
-                say(f"{variant} seed {seed}: diverged ({runs[key]['diverged']})")
-                continue
-            table = pd.DataFrame(runs[key]["table"])
-            say(f"{variant} seed {seed}: AVG {table['acc'].mean():.2f} final {table['acc'].iloc[-1]:.2f} "
-                f"(prototype AVG {table['proto_backbone_acc'].mean():.2f})")
+    for (variant, seed, cfg), key in zip(plan, keys, strict=True):
+        if key not in runs or TrainingDiverged.stale(runs[key]):
+            pack = work / "packs" / f"{_digest(cfg.to_dict(for_digest=True)['data'])}.h5"
+            if not pack.is_file():
+                build_pack(cfg.data, pack)
+            started = time.time()
+            scratch = work / "sessions"
+            shutil.rmtree(scratch, ignore_errors=True)
+            runs[key] = {"variant": variant, "seed": seed}
+            try:
+                runs[key]["table"] = run_candidate(cfg, pack, scratch, work / "bases")["table"]
+            except TrainingDiverged as err:
+                runs[key].update(err.record())  # a result too: kept, counted, not averaged
+            runs[key]["seconds"] = round(time.time() - started, 1)
+            atomic_write_text(runs_path, json.dumps(runs, indent=2) + "\n")
+        if "diverged" in runs[key]:
+            say(f"{variant} seed {seed}: diverged ({runs[key]['diverged']})")
+            continue
+        table = pd.DataFrame(runs[key]["table"])
+        say(f"{variant} seed {seed}: AVG {table['acc'].mean():.2f} final {table['acc'].iloc[-1]:.2f} "
+            f"(prototype AVG {table['proto_backbone_acc'].mean():.2f})")
     done = [k for k in keys if "table" in runs[k]]
     if not done:
         raise FSCILError(f"study: every run diverged (first: {runs[keys[0]]['variant']} seed {runs[keys[0]]['seed']}, "

@@ -106,8 +106,8 @@ def test_extract_keeps_base_deviations_and_sessions_lend_them(tiny_run, tmp_path
     assert len(set(matched)) == len(matched)  # two different maps per class
     assert np.abs(deviations).max() > 1e-3  # real spread, not zeros
 
-    # a session at deviation_prob 0 on this store trains exactly as on the plain store (its own random stream);
-    # at 1 every novel row is lent a deviation, so the trained weights differ
+    # a session at deviation_prob 0 on this store trains exactly as on the plain store (the option draws nothing
+    # then); at 1 every novel row is lent a deviation, so the trained weights differ
     def session(prob: float, store_at, out):
         run = dataclasses.replace(cfg, incremental=dataclasses.replace(cfg.incremental, deviation_prob=prob))
         result = train_session(run, 1, store_at, paths.base, None, out, show_progress=False)
@@ -119,6 +119,6 @@ def test_extract_keeps_base_deviations_and_sessions_lend_them(tiny_run, tmp_path
     lent, lent_state = session(1.0, store_path, tmp_path / "p1")
     assert lent["train_samples"] == zero["train_samples"]  # the same rows, seen with deviations
     assert any(not torch.equal(zero_state[k], lent_state[k]) for k in zero_state if k.startswith("adapting."))
-    with pytest.raises(FSCILError, match="set extract.deviations > 0 and rerun extract"):
+    with pytest.raises(FSCILError, match="extracted without base deviations"):
         session(0.5, paths.features, tmp_path / "p2")
     assert not (tmp_path / "p2").exists()

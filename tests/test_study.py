@@ -153,7 +153,8 @@ def test_a_field_added_at_its_neutral_value_leaves_every_digest_as_before_it_exi
 
     from pipeline.config import build_config
     from pipeline.config_fields import NEUTRAL
-    from pipeline.config_sections import IncrementalConfig
+    from pipeline.config_sections import RUN_SECTION_TYPES
+    from pipeline.selection import CANDIDATE_SECTIONS
     from pipeline.training.base_model import config_digest
     from pipeline.training.incremental_session import SECTIONS
 
@@ -162,11 +163,16 @@ def test_a_field_added_at_its_neutral_value_leaves_every_digest_as_before_it_exi
                                                             "base_lr_scale": scale}})
 
     full = cfg(1.0).to_dict()
-    for field in dataclasses.fields(IncrementalConfig):  # the config as hashed before the added fields existed
-        if NEUTRAL in field.metadata:
-            assert full["incremental"].pop(field.name) == field.metadata[NEUTRAL]
-    before = hashlib.sha256(json.dumps({k: full[k] for k in ("seed", *SECTIONS)}, sort_keys=True).encode()).hexdigest()
-    assert config_digest(cfg(1.0), SECTIONS) == before
+    removed = []
+    for name, section in RUN_SECTION_TYPES.items():  # the config as hashed before the added fields existed
+        for field in dataclasses.fields(section):
+            if NEUTRAL in field.metadata:
+                assert full[name].pop(field.name) == field.metadata[NEUTRAL]
+                removed.append(f"{name}.{field.name}")
+    assert {"incremental.base_lr_scale", "incremental.deviation_prob", "extract.deviations"} <= set(removed)
+    for sections in (SECTIONS, CANDIDATE_SECTIONS):  # a session checkpoint's digest, a selection candidate's
+        before = hashlib.sha256(json.dumps({k: full[k] for k in ("seed", *sections)}, sort_keys=True).encode())
+        assert config_digest(cfg(1.0), sections) == before.hexdigest()
     assert config_digest(cfg(0.5), SECTIONS) != before
     assert study.run_key(cfg(1.0)) != study.run_key(cfg(0.5))
     assert "base_lr_scale" in cfg(1.0).to_dict()["incremental"]  # params and reports still show it

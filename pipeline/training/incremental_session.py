@@ -218,8 +218,8 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     if inc.deviation_prob > 0:
         stored = store.base_deviations()
         if stored is None:
-            raise FSCILError(f"{store.path}: incremental.deviation_prob needs base deviations in the feature store; "
-                             "set extract.deviations > 0 and rerun extract")
+            raise FSCILError(f"{store.path}: extracted without base deviations, which incremental.deviation_prob "
+                             "needs; rerun `fscil stage extract` with extract.deviations > 0")
         deviations = torch.from_numpy(stored).to(device)
         deviation_gen = seeded_generator(cfg.seed, DEVIATION + session)  # its own stream: the others are unchanged
     projector.train()
