@@ -260,6 +260,13 @@ def build_config(params: dict[str, Any]) -> Config:
                  incremental=IncrementalConfig.from_dict(merged["incremental"]),
                  selection=SelectionConfig.from_dict(merged["selection"]),
                  sessions=check_session_map(merged.get("sessions")), deterministic=deterministic)
+    check_combination(cfg)
+    return cfg
+
+
+def check_combination(cfg: Config) -> None:
+    """The rules between sections (each section checks its own values when it is built): for build_config and for
+    every config the selection derives from one."""
     if cfg.model.projector == "single_ssm":
         # with one branch the class-sensitive losses would act on g_base, the branch that carries the base
         # classes; the paper's row 2 has none (variant single_ssm)
@@ -271,7 +278,6 @@ def build_config(params: dict[str, Any]) -> Config:
     check(cfg.incremental.inc_init == "random" or cfg.model.projector not in ("single_ssm", "expanding_mlp"),
           "incremental", "inc_init", f"must be random with model.projector {cfg.model.projector} (it has no single "
           "g_inc to start from g_base)")
-    return cfg
 
 
 def load_config(path: str | Path = "params.yaml") -> Config:

@@ -34,7 +34,7 @@ import pandas as pd
 import yaml
 
 from pipeline.atomic import atomic_output, atomic_write_text
-from pipeline.config import Config, variant_keys
+from pipeline.config import Config, check_combination, variant_keys
 from pipeline.config_selection import BASE_SELECTION_KEYS, SCHEDULE_SELECTION_KEYS, SelectionConfig
 from pipeline.data.pack import ImagePack, PackContent, chunk_rows, write_pack
 from pipeline.data.protocol import FSCILProtocol
@@ -133,13 +133,16 @@ def pseudo_pack(pack_path: Path, out_path: Path, base_fraction: float | None = N
 
 # ---- one candidate -------------------------------------------------------------------------------------------------
 def with_values(cfg: Config, values: dict[str, Any]) -> Config:
-    """A copy of `cfg` with dotted keys ("incremental.lambda1") replaced; each changed section validates again."""
+    """A copy of `cfg` with dotted keys ("incremental.lambda1") replaced; each changed section validates again, and so
+    do the rules between sections."""
     sections: dict[str, dict[str, Any]] = {}
     for dotted, value in values.items():
         name, key = dotted.split(".")
         sections.setdefault(name, {})[key] = value
-    return dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **kv)
-                                       for name, kv in sections.items()})
+    out = dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **kv)
+                                      for name, kv in sections.items()})
+    check_combination(out)
+    return out
 
 
 def _key(cfg: Config, sections: tuple[str, ...], pack_hash: str) -> str:
@@ -274,9 +277,13 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
     sel = candidates or cfg.selection
     if cfg.model.projector != "dual_ssm":
         raise FSCILError(f"selection tunes the dual_ssm projector, not model.projector={cfg.model.projector}")
-    if any(sel.deviation_prob) and not cfg.extract.deviations:
-        raise FSCILError("params: selection.deviation_prob lists a value > 0, which needs base deviations in the "
-                         "feature store: set extract.deviations > 0")
+    for _, key, values, _ in selection_order(sel):  # every candidate against the configured values, before training
+        for value in values:
+            try:
+                with_values(cfg, {key: value})
+            except FSCILError as err:
+                raise FSCILError(f"params: selection candidate {key}={value!r}: "
+                                 f"{str(err).removeprefix('params: ')}") from None
     out_dir, work_dir = Path(out_dir), Path(work_dir or Path(out_dir) / "work")
     work_dir.mkdir(parents=True, exist_ok=True)
     say = log or (lambda line: None)

@@ -71,7 +71,8 @@ def test_selection_tries_deviation_prob_in_its_schedule_stage(tiny_run, tmp_path
     assert order[:3] == ["incremental.mixup_prob", "incremental.deviation_prob", "incremental.freeze_base"]
     _, params, paths = tiny_run
     cfg = load_config(params)  # extract.deviations 0: a candidate > 0 could not run
-    with pytest.raises(FSCILError, match="selection.deviation_prob lists a value > 0"):
+    with pytest.raises(FSCILError, match=r"selection candidate incremental.deviation_prob=0.5: "
+                                         "incremental.deviation_prob needs base deviations"):
         select(cfg, paths.pack, tmp_path / "out", SelectionConfig(deviation_prob=[0.0, 0.5]),
                work_dir=tmp_path / "work")
     assert not (tmp_path / "work").exists()

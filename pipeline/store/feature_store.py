@@ -149,7 +149,7 @@ class FeatureStore:
 
     def base_deviations(self) -> np.ndarray | None:
         """Base training maps minus their class mean (D, C, H, W), or None when the store keeps none."""
-        if not self.attrs.get("deviations", 0) or "memory/base_deviations" not in self.root:
+        if "memory/base_deviations" not in self.root:  # written only when extract.deviations > 0
             return None
         return self._read("memory/base_deviations").astype(np.float32)
 
