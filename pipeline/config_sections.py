@@ -150,6 +150,9 @@ class ModelConfig(SectionConfig):
     """p_mlp depth: 2 or 3."""
     out_norm: bool = False
     """LayerNorm on the merged scan output before gating (the authors' code; the paper has none)."""
+    iden_linear: bool = added_field(False)
+    """When C == D': p_iden a trained Linear(C -> D', no bias) starting from the identity (ours; the paper's eq.
+    mu_iden_0 is a linear map, the authors' code uses the identity at C == D'); false: the identity."""
     classifier: str = "etf"
     """etf (fixed ETF + DR loss) or linear (learnable + cross-entropy)."""
     etf_seed: int = 0

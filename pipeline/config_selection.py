@@ -105,6 +105,9 @@ class SelectionConfig(SectionConfig):
     """Stage 1b candidates of incremental.suppression."""
     k_paths: list[int] = field(default_factory=lambda: [1, 2, 4])
     """Stage 1c candidates of model.k_paths (each trains its own base model)."""
+    iden_linear: list[bool] = field(default_factory=list)
+    """Stage 1c candidates of model.iden_linear, after k_paths (empty: keep the configured value; ours: a trained
+    linear p_iden at C == D'). Each trains its own base model."""
     inc_init: list[str] = field(default_factory=lambda: ["random", "base"])
     """Stage 1d candidates of incremental.inc_init (not in the paper's list: how g_inc starts in session 1)."""
     lambda1: list[float] = field(default_factory=lambda: [50.0, 100.0, 150.0, 200.0])

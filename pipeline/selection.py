@@ -6,14 +6,14 @@ sessions and a held-out pseudo test set, and written as an ordinary image pack, 
 training code of the pipeline (train_base, extract_features, train_session). Nothing of the real test set or of the
 real incremental sessions is ever read. Choices follow the paper's order, each by the highest pseudo AVG with the
 earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the suppression variant, K, and our
-incremental.inc_init), with lambda1 at its configured value and lambda2 = lambda3 = 0; stage 2 lambda1 (lambda2 =
-lambda3 = 0), then lambda2 (lambda3 = 0), then lambda3. Optional stages, not in the paper, come first when candidates
-are given: the base training (base.epochs, lr, dr_scale, weight_decay; each candidate trains its own pseudo base model),
-then the session schedule and training set (incremental.lr, base_lr_scale, weight_decay, grad_clip_norm, steps,
-mixup_prob, deviation_prob, the shots' stored augmented views extract.augmented_views, the memory: extract.memory,
-memory_k, then replay, copy, base_copy; these keys interact, so their stage repeats until a pass changes nothing). A
-tie keeps the configured value, else the earliest candidate. With selection.protocols > 1 a candidate scores its mean
-pseudo AVG over that many pseudo protocols (seeds selection.seed, seed + 1, ...).
+model.iden_linear when listed and incremental.inc_init), with lambda1 at its configured value and lambda2 = lambda3 = 0;
+stage 2 lambda1 (lambda2 = lambda3 = 0), then lambda2 (lambda3 = 0), then lambda3. Optional stages, not in the paper,
+come first when candidates are given: the base training (base.epochs, lr, dr_scale, weight_decay; each candidate trains
+its own pseudo base model), then the session schedule and training set (incremental.lr, base_lr_scale, weight_decay,
+grad_clip_norm, steps, mixup_prob, deviation_prob, the shots' stored augmented views extract.augmented_views, the
+memory: extract.memory, memory_k, then replay, copy, base_copy; these keys interact, so their stage repeats until a pass
+changes nothing). A tie keeps the configured value, else the earliest candidate. With selection.protocols > 1 a
+candidate scores its mean pseudo AVG over that many pseudo protocols (seeds selection.seed, seed + 1, ...).
 """
 
 from __future__ import annotations
@@ -194,6 +194,7 @@ def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str
         ("architecture", "incremental.freeze_base", sel.freeze_base, no_aux),
         ("architecture", "incremental.suppression", sel.suppression, no_aux),
         ("architecture", "model.k_paths", sel.k_paths, no_aux),
+        *([("architecture", "model.iden_linear", sel.iden_linear, no_aux)] if sel.iden_linear else []),
         ("architecture", "incremental.inc_init", sel.inc_init, no_aux),
         ("loss_weights", "incremental.lambda1", sel.lambda1, no_aux),
         ("loss_weights", "incremental.lambda2", sel.lambda2, {"incremental.lambda3": 0.0}),

@@ -123,6 +123,17 @@ def test_pseudo_pack_shape_and_seed(real_pack, tmp_path):
         selection.pseudo_pack(paths.pack, tmp_path / "e.h5", sessions=4)
 
 
+def test_the_linear_p_iden_is_an_architecture_choice_after_k_only_when_listed():
+    keys = lambda sets: [key for stage, key, _, _ in selection.selection_order(sets) if stage == "architecture"]  # noqa: E731
+    assert "model.iden_linear" not in keys(SelectionConfig())
+    order = keys(SelectionConfig(iden_linear=[False, True]))
+    at = order.index("model.iden_linear")
+    assert order[at - 1:at + 2] == ["model.k_paths", "model.iden_linear", "incremental.inc_init"]
+    entry = next(e for e in selection.selection_order(SelectionConfig(iden_linear=[True]))
+                 if e[1] == "model.iden_linear")
+    assert entry[2] == [True] and entry[3] == {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
+
+
 def test_selection_follows_the_paper_order(real_pack, tmp_path, monkeypatch):
     params, paths = real_pack
     cfg = load_config(params)  # configured: freeze_base true, z, K = 4, lambda1 10, lambda2 0.1, lambda3 0.1

@@ -1,5 +1,7 @@
 """Invariants of the SS2D branch and the projector kinds: shapes, finiteness, gradients, freezing, zero-init."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -157,6 +159,32 @@ def test_identity_p_iden_when_widths_match():
     proj = Projector("dual_ssm", 16, HW, DIMS)
     f = torch.randn(2, 16, *HW)
     torch.testing.assert_close(proj(f).mu_iden, f.mean((2, 3)))
+
+
+@pytest.mark.parametrize("kind", ["dual_ssm", "single_ssm", "mlp"])
+def test_linear_p_iden_starts_as_the_identity_and_trains_in_the_base_session(kind):
+    # model.iden_linear: a Linear p_iden at C == D' starting from I, with no random draw of its own, so the model
+    # it builds computes exactly what the identity model of the same seed computes until training moves it
+    f = torch.randn(4, 16, *HW)
+    torch.manual_seed(3)
+    plain = Projector(kind, 16, HW, DIMS)
+    torch.manual_seed(3)
+    linear = Projector(kind, 16, HW, DIMS, iden_linear=True)
+    assert isinstance(plain.p_iden, torch.nn.Identity) and torch.equal(linear.p_iden.weight, torch.eye(16))
+    for mode in ("base", "incremental"):
+        assert torch.equal(linear(f, mode).mu, plain(f, mode).mu)
+    linear(f, "base").mu.pow(3).sum().backward()
+    assert linear.p_iden.weight.grad is not None and linear.p_iden.weight.grad.abs().sum() > 0
+    assert linear.p_iden in linear.frozen_after_base()  # frozen with g_base after the base session
+    # from a params model section; C != D' keeps the (random) Linear either way
+    cfg = ModelConfig(projector=kind, dim=16, d_state=4, dt_rank=3, iden_linear=True)
+    assert isinstance(Projector.from_config(cfg, 16, HW).p_iden, torch.nn.Linear)
+    assert isinstance(Projector.from_config(dataclasses.replace(cfg, iden_linear=False), 16, HW).p_iden,
+                      torch.nn.Identity)
+    torch.manual_seed(3)
+    wide = Projector(kind, C, HW, DIMS, iden_linear=True)
+    torch.manual_seed(3)
+    assert torch.equal(wide.p_iden.weight, Projector(kind, C, HW, DIMS).p_iden.weight)
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])

@@ -66,10 +66,9 @@ def _projector_costs(kind: str, cfg, channels: int, side: int, sessions: int, ba
     time (mode incremental, no grad) and median training-step time (forward, backward, SGD step of what trains in
     an incremental session) on a random (batch, channels, side, side) map."""
     from pipeline.models.projector import Projector
-    from pipeline.models.ss2d import BranchDims
 
     torch.manual_seed(0)
-    proj = Projector(kind, channels, (side, side), BranchDims.from_config(dataclasses.replace(cfg, projector=kind)))
+    proj = Projector.from_config(dataclasses.replace(cfg, projector=kind), channels, (side, side))
     proj.set_sessions(sessions)
     proj.freeze_base()  # the paper's incremental sessions: p_iden / g_base frozen
     proj.to(device)

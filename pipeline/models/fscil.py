@@ -14,7 +14,6 @@ from torch import nn
 from pipeline.models.backbones import build_backbone
 from pipeline.models.classifier import HEADS
 from pipeline.models.projector import Projector, ProjectorOutput
-from pipeline.models.ss2d import BranchDims
 
 
 class FSCILModel(nn.Module):
@@ -70,7 +69,7 @@ def build_backbone_from_config(model_cfg, input_size: int) -> nn.Module:
 
 def build_head(model_cfg, in_channels: int, feature_hw: tuple[int, int], num_classes: int
                ) -> tuple[Projector, nn.Module]:
-    projector = Projector(model_cfg.projector, in_channels, feature_hw, BranchDims.from_config(model_cfg))
+    projector = Projector.from_config(model_cfg, in_channels, feature_hw)
     classifier = HEADS[model_cfg.classifier].classifier(model_cfg.dim, num_classes, seed=model_cfg.etf_seed)
     return projector, classifier
 

@@ -59,18 +59,33 @@ class ProjectorOutput:
 class Projector(nn.Module):
     """f: (N, C, H, W) -> ProjectorOutput. mode "base": mu = mu_iden + mu_base; "incremental" adds mu_inc."""
 
-    def __init__(self, kind: str, in_channels: int, feature_hw: tuple[int, int], dims: BranchDims):
+    def __init__(self, kind: str, in_channels: int, feature_hw: tuple[int, int], dims: BranchDims,
+                 iden_linear: bool = False):
         super().__init__()
         if kind not in PROJECTOR_KINDS:
             raise ValueError(f"unknown projector kind {kind!r}; choose from {sorted(PROJECTOR_KINDS)}")
         self.kind = kind
         spec = PROJECTOR_KINDS[kind]
-        # eq. mu_iden_0: Pool then a linear map C -> D' (identity when C == D')
-        self.p_iden = nn.Linear(in_channels, dims.dim, bias=False) if in_channels != dims.dim else nn.Identity()
+        # eq. mu_iden_0: Pool then a linear map C -> D'. When C == D' the authors use the identity; `iden_linear`
+        # (ours) keeps a trained linear map there too, starting from the identity.
+        if in_channels != dims.dim:
+            self.p_iden = nn.Linear(in_channels, dims.dim, bias=False)
+        elif iden_linear:  # built on "meta" and filled with I: no random draw, so every other init is unchanged
+            self.p_iden = nn.Linear(in_channels, dims.dim, bias=False, device="meta").to_empty(device="cpu")
+            with torch.no_grad():
+                self.p_iden.weight.copy_(torch.eye(dims.dim))
+        else:
+            self.p_iden = nn.Identity()
         self.g_base = spec.branch(in_channels, feature_hw, dims)
         inc = (lambda *a, **k: ExpandingBranches(spec.branch, *a, **k)) if spec.expanding else spec.branch
         self.g_inc = inc(in_channels, feature_hw, dims, zero_init_gate=True) if spec.dual else None
         self._frozen: list[nn.Module] = []
+
+    @classmethod
+    def from_config(cls, model_cfg, in_channels: int, feature_hw: tuple[int, int]) -> Projector:
+        """The projector a params `model` section describes, on C x H x W backbone maps."""
+        return cls(model_cfg.projector, in_channels, feature_hw, BranchDims.from_config(model_cfg),
+                   iden_linear=model_cfg.iden_linear)
 
     @property
     def adapting_branch(self) -> BranchBase:

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.models.projector import Projector
-from pipeline.models.ss2d import BranchDims
 from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMemory
 from pipeline.training.checkpoint import unprefixed
@@ -84,7 +83,7 @@ def base_prototype_metrics(model_cfg, base_tensors: dict[str, torch.Tensor], sto
     """NCM after the base session (session 0): base classes only, the frozen base projector (rebuilt from the base
     checkpoint's tensors, since single_ssm adapts g_base later) in mode "base"."""
     c, h, w = store.map_shape
-    projector = Projector(model_cfg.projector, c, (h, w), BranchDims.from_config(model_cfg)).to(device)
+    projector = Projector.from_config(model_cfg, c, (h, w)).to(device)
     projector.load_state_dict(unprefixed(base_tensors, "projector"))
     base = ClassMemory(*store.base_means())
     num_base = len(base.classes)
