@@ -146,16 +146,16 @@ def test_run_key_covers_what_a_run_reads_and_not_the_selection_candidates():
 
 
 def test_a_field_added_at_its_neutral_value_leaves_every_digest_as_before_it_existed():
-    """incremental.base_lr_scale (an added_field, neutral 1.0): at 1.0 the session digest is the hash of the config
-    without that key, the digest a checkpoint made before the field existed carries; any other value changes it. The
-    study's run key follows the same rule."""
+    """Every added_field at its neutral value (incremental.base_lr_scale 1.0, model.iden_linear false, ...): the
+    session, selection-candidate and base-model digests are the hashes of the config without those keys, the digests
+    made before the fields existed; another value (base_lr_scale 0.5) changes them. The study's run key follows."""
     import hashlib
 
     from pipeline.config import build_config
     from pipeline.config_fields import NEUTRAL
     from pipeline.config_sections import RUN_SECTION_TYPES
     from pipeline.selection import CANDIDATE_SECTIONS
-    from pipeline.training.base_model import config_digest
+    from pipeline.training.base_model import BASE_MODEL_SECTIONS, config_digest
     from pipeline.training.incremental_session import SECTIONS
 
     def cfg(scale):
@@ -169,10 +169,13 @@ def test_a_field_added_at_its_neutral_value_leaves_every_digest_as_before_it_exi
             if NEUTRAL in field.metadata:
                 assert full[name].pop(field.name) == field.metadata[NEUTRAL]
                 removed.append(f"{name}.{field.name}")
-    assert {"incremental.base_lr_scale", "incremental.deviation_prob", "extract.deviations"} <= set(removed)
-    for sections in (SECTIONS, CANDIDATE_SECTIONS):  # a session checkpoint's digest, a selection candidate's
-        before = hashlib.sha256(json.dumps({k: full[k] for k in ("seed", *sections)}, sort_keys=True).encode())
-        assert config_digest(cfg(1.0), sections) == before.hexdigest()
-    assert config_digest(cfg(0.5), SECTIONS) != before
+    assert {"incremental.base_lr_scale", "incremental.deviation_prob", "extract.deviations",
+            "model.iden_linear"} <= set(removed)
+    before = {}
+    for sections in (SECTIONS, CANDIDATE_SECTIONS, BASE_MODEL_SECTIONS):  # a session's, a candidate's, a base model's
+        before[sections] = hashlib.sha256(json.dumps({k: full[k] for k in ("seed", *sections)},
+                                                     sort_keys=True).encode()).hexdigest()
+        assert config_digest(cfg(1.0), sections) == before[sections]
+    assert config_digest(cfg(0.5), SECTIONS) != before[SECTIONS]
     assert study.run_key(cfg(1.0)) != study.run_key(cfg(0.5))
     assert "base_lr_scale" in cfg(1.0).to_dict()["incremental"]  # params and reports still show it
