@@ -278,6 +278,8 @@ def check_combination(cfg: Config) -> None:
     check(cfg.incremental.inc_init == "random" or cfg.model.projector not in ("single_ssm", "expanding_mlp"),
           "incremental", "inc_init", f"must be random with model.projector {cfg.model.projector} (it has no single "
           "g_inc to start from g_base)")
+    check(not cfg.incremental.vertex_match or cfg.model.classifier == "etf", "incremental", "vertex_match",
+          "needs model.classifier etf (a linear head has no fixed vertices to give)")
 
 
 def load_config(path: str | Path = "params.yaml") -> Config:

@@ -314,6 +314,9 @@ class IncrementalConfig(SectionConfig):
     """How g_inc starts in session 1: random (its own fresh initialisation) or base (a copy of the trained g_base with
     the gate p_z zeroed). Either way mu_inc = 0 when session 1 starts (appendix "Initialization of the Incremental
     Branch")."""
+    vertex_match: bool = added_field(False)
+    """Give each session's new classes the free ETF vertices their shots' features already point to (an exact
+    assignment, fixed from then on) instead of the next ones in class order (ours; false: the paper's order)."""
     mixup_ratio: float = 0.5
     """Feature-mixup ratio."""
     mixup_prob: float = 0.0

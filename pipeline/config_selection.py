@@ -110,6 +110,9 @@ class SelectionConfig(SectionConfig):
     linear p_iden at C == D'). Each trains its own base model."""
     inc_init: list[str] = field(default_factory=lambda: ["random", "base"])
     """Stage 1d candidates of incremental.inc_init (not in the paper's list: how g_inc starts in session 1)."""
+    vertex_match: list[bool] = field(default_factory=list)
+    """Stage 1e candidates of incremental.vertex_match, after inc_init (empty: keep the configured value; ours: the
+    free ETF vertices given by the new classes' features)."""
     lambda1: list[float] = field(default_factory=lambda: [50.0, 100.0, 150.0, 200.0])
     """Stage 2 candidates of incremental.lambda1 (chosen with lambda2 = lambda3 = 0)."""
     lambda2: list[float] = field(default_factory=lambda: [0.001, 0.01, 0.1, 1.0])

@@ -6,7 +6,8 @@ sessions and a held-out pseudo test set, and written as an ordinary image pack, 
 training code of the pipeline (train_base, extract_features, train_session). Nothing of the real test set or of the
 real incremental sessions is ever read. Choices follow the paper's order, each by the highest pseudo AVG with the
 earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the suppression variant, K, and our
-model.iden_linear when listed and incremental.inc_init), with lambda1 at its configured value and lambda2 = lambda3 = 0;
+model.iden_linear when listed, incremental.inc_init, and our incremental.vertex_match when listed), with lambda1 at its
+configured value and lambda2 = lambda3 = 0;
 stage 2 lambda1 (lambda2 = lambda3 = 0), then lambda2 (lambda3 = 0), then lambda3. Optional stages, not in the paper,
 come first when candidates are given: the base training (base.epochs, lr, dr_scale, weight_decay; each candidate trains
 its own pseudo base model), then the session schedule and training set (incremental.lr, base_lr_scale, weight_decay,
@@ -196,6 +197,7 @@ def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str
         ("architecture", "model.k_paths", sel.k_paths, no_aux),
         *([("architecture", "model.iden_linear", sel.iden_linear, no_aux)] if sel.iden_linear else []),
         ("architecture", "incremental.inc_init", sel.inc_init, no_aux),
+        *([("architecture", "incremental.vertex_match", sel.vertex_match, no_aux)] if sel.vertex_match else []),
         ("loss_weights", "incremental.lambda1", sel.lambda1, no_aux),
         ("loss_weights", "incremental.lambda2", sel.lambda2, {"incremental.lambda3": 0.0}),
         ("loss_weights", "incremental.lambda3", sel.lambda3, {}),
@@ -245,23 +247,33 @@ def pseudo_packs(pack_path: Path, work_dir: Path, sel: SelectionConfig) -> list[
     return packs
 
 
+def run_once(records: dict, key: str, records_path: Path, scratch: Path, run: Callable[[Path], dict],
+             diverged: dict | None = None) -> bool:
+    """records[key] from an earlier run when it holds one under the current divergence rules; else run(scratch) now,
+    store its record (a TrainingDiverged as err.record() over `diverged`: a run that diverges is a result, not the
+    end of the selection or study) with its seconds, and write records to records_path at once. Returns whether the
+    record was stored before. `fscil select` and `fscil study` both keep their runs this way."""
+    if key in records and not TrainingDiverged.stale(records[key]):
+        return True
+    started = time.time()
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        record = run(scratch)
+    except TrainingDiverged as err:
+        record = {**(diverged or {}), **err.record()}
+    shutil.rmtree(scratch, ignore_errors=True)
+    records[key] = {**record, "seconds": round(time.time() - started, 2)}
+    atomic_write_text(records_path, json.dumps(records, indent=2) + "\n")
+    return False
+
+
 def _run_cached(cand: Config, pack: tuple[Path, dict], work_dir: Path, results: dict, results_path: Path) -> dict:
     """One candidate on one pseudo pack, from `results` when it ran before; a diverging candidate scores nan."""
     ckey = _key(cand, CANDIDATE_SECTIONS, pack[1]["content_hash"])
-    if ckey in results and not TrainingDiverged.stale(results[ckey]):
-        return {**results[ckey], "cached": True}
-    started = time.time()
-    scratch = work_dir / "candidate"
-    shutil.rmtree(scratch, ignore_errors=True)
-    try:
-        score = run_candidate(cand, pack[0], scratch, work_dir / "bases")
-    except TrainingDiverged as err:
-        # a candidate that diverges is a candidate that loses, not the end of the selection
-        score = {s: float("nan") for s in SCORES} | err.record()
-    shutil.rmtree(scratch, ignore_errors=True)
-    results[ckey] = {**score, "seconds": round(time.time() - started, 2)}
-    atomic_write_text(results_path, json.dumps(results, indent=2) + "\n")
-    return {**results[ckey], "cached": False}
+    cached = run_once(results, ckey, results_path, work_dir / "candidate",
+                      lambda scratch: run_candidate(cand, pack[0], scratch, work_dir / "bases"),
+                      diverged={s: float("nan") for s in SCORES})
+    return {**results[ckey], "cached": cached}
 
 
 def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionConfig | None = None, *,

@@ -11,10 +11,9 @@ out_dir/runs.json, so an interrupted or extended study recomputes nothing.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from pipeline.config import Config, build_config
 from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.plots import PROTOTYPE
-from pipeline.selection import run_candidate
+from pipeline.selection import run_candidate, run_once
 
 RUNS_FILE = "runs.json"
 
@@ -55,6 +54,20 @@ def reference_variant(variants: list[str]) -> str:
     return "mamba_fscil" if "mamba_fscil" in variants else variants[0]
 
 
+def _pack(cfg: Config, work: Path) -> Path:
+    """The study's image pack of cfg's data section (built once per data section in work/packs)."""
+    pack = work / "packs" / f"{_digest(cfg.to_dict(for_digest=True)['data'])}.h5"
+    if not pack.is_file():
+        build_pack(cfg.data, pack)
+    return pack
+
+
+def _run(cfg: Config, variant: str, seed: int, work: Path, scratch: Path) -> dict:
+    """One study run's record: its per-session table (base models shared in work/bases)."""
+    return {"variant": variant, "seed": seed,
+            "table": run_candidate(cfg, _pack(cfg, work), scratch, work / "bases")["table"]}
+
+
 def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out_dir: Path,
               log: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Run every (variant, seed) on `params` (a params.yaml mapping); returns the per-session rows of all runs."""
@@ -72,20 +85,9 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
         say(f"study: reusing {stored} of {len(keys)} runs stored in {work} "
             "(made by the code of then; delete the folder to recompute them)")
     for (variant, seed, cfg), key in zip(plan, keys, strict=True):
-        if key not in runs or TrainingDiverged.stale(runs[key]):
-            pack = work / "packs" / f"{_digest(cfg.to_dict(for_digest=True)['data'])}.h5"
-            if not pack.is_file():
-                build_pack(cfg.data, pack)
-            started = time.time()
-            scratch = work / "sessions"
-            shutil.rmtree(scratch, ignore_errors=True)
-            runs[key] = {"variant": variant, "seed": seed}
-            try:
-                runs[key]["table"] = run_candidate(cfg, pack, scratch, work / "bases")["table"]
-            except TrainingDiverged as err:
-                runs[key].update(err.record())  # a result too: kept, counted, not averaged
-            runs[key]["seconds"] = round(time.time() - started, 1)
-            atomic_write_text(runs_path, json.dumps(runs, indent=2) + "\n")
+        # a diverged run is a result too: kept, counted, not averaged
+        run_once(runs, key, runs_path, work / "sessions", functools.partial(_run, cfg, variant, seed, work),
+                 diverged={"variant": variant, "seed": seed})
         if "diverged" in runs[key]:
             say(f"{variant} seed {seed}: diverged ({runs[key]['diverged']})")
             continue

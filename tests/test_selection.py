@@ -134,6 +134,16 @@ def test_the_linear_p_iden_is_an_architecture_choice_after_k_only_when_listed():
     assert entry[2] == [True] and entry[3] == {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
 
 
+def test_the_vertex_match_is_an_architecture_choice_after_inc_init_only_when_listed():
+    keys = lambda sets: [key for stage, key, _, _ in selection.selection_order(sets) if stage == "architecture"]  # noqa: E731
+    assert "incremental.vertex_match" not in keys(SelectionConfig())
+    order = keys(SelectionConfig(vertex_match=[False, True]))
+    assert order[-2:] == ["incremental.inc_init", "incremental.vertex_match"]
+    entry = next(e for e in selection.selection_order(SelectionConfig(vertex_match=[True]))
+                 if e[1] == "incremental.vertex_match")
+    assert entry[2] == [True] and entry[3] == {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
+
+
 def test_selection_follows_the_paper_order(real_pack, tmp_path, monkeypatch):
     params, paths = real_pack
     cfg = load_config(params)  # configured: freeze_base true, z, K = 4, lambda1 10, lambda2 0.1, lambda3 0.1

@@ -170,7 +170,7 @@ def test_a_field_added_at_its_neutral_value_leaves_every_digest_as_before_it_exi
                 assert full[name].pop(field.name) == field.metadata[NEUTRAL]
                 removed.append(f"{name}.{field.name}")
     assert {"incremental.base_lr_scale", "incremental.deviation_prob", "extract.deviations",
-            "model.iden_linear"} <= set(removed)
+            "model.iden_linear", "incremental.vertex_match"} <= set(removed)
     before = {}
     for sections in (SECTIONS, CANDIDATE_SECTIONS, BASE_MODEL_SECTIONS):  # a session's, a candidate's, a base model's
         before[sections] = hashlib.sha256(json.dumps({k: full[k] for k in ("seed", *sections)},

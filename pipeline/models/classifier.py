@@ -50,6 +50,32 @@ class ETFClassifier(nn.Module):
         """(num_seen, D'): row k is class k's target direction."""
         return self.weight[:, :num_seen].T
 
+    @torch.no_grad()
+    def match_vertices(self, mu: torch.Tensor, labels: torch.Tensor, start: int) -> list[int]:
+        """Give classes start, start + 1, ... (the labels of `mu`, one session's new classes) the free vertices
+        (columns >= start, not yet given to a class) their features already point to (ours, incremental.vertex_match).
+
+        The vertices are fixed and equiangular, so which free one a new class gets changes nothing in the ETF; the
+        paper gives them in class order. Here class start + i gets column j of the assignment maximising the summed
+        mean cosine of each class's mu to its vertex (exact: scipy's linear_sum_assignment); the displaced columns
+        keep their order after them. Columns < start (the base classes and earlier sessions') never move. Returns
+        the old column index now at start, start + 1, ... (the permutation of columns >= start)."""
+        from scipy.optimize import linear_sum_assignment
+
+        labels = labels.to(self.weight.device).long()
+        new = int(labels.max()) + 1 - start
+        if int(labels.min()) < start or new < 1:
+            raise ValueError(f"labels must be new classes >= {start}")
+        cos = self(mu.to(self.weight), None)[:, start:].double()  # (N, K - start)
+        score = torch.zeros(new, cos.shape[1], dtype=torch.float64, device=cos.device)
+        score.index_add_(0, labels - start, cos)
+        score /= torch.bincount(labels - start, minlength=new).clamp_min(1).unsqueeze(1)
+        _, cols = linear_sum_assignment(score.cpu().numpy(), maximize=True)
+        chosen = [int(j) for j in cols]
+        order = chosen + [j for j in range(cos.shape[1]) if j not in set(chosen)]
+        self.weight[:, start:] = self.weight[:, start:][:, order].clone()
+        return [start + j for j in order]
+
 
 class LinearClassifier(nn.Module):
     """A learnable linear head trained with cross-entropy; logits restricted to the seen classes."""

@@ -133,6 +133,20 @@ ROSE_FACTOR = 1.5
 
 
 @torch.no_grad()
+@torch.no_grad()
+def match_vertices(projector, classifier, shots: np.ndarray, labels: np.ndarray, device: torch.device,
+                   batch_size: int) -> list[int]:
+    """Fix the ETF vertices of this session's new classes by the features of their shots before any training
+    (ETFClassifier.match_vertices); returns the permutation of the free columns."""
+    mode = projector.training
+    projector.eval()
+    mu = torch.cat([projector(torch.from_numpy(shots[i:i + batch_size]).to(device), mode="incremental").mu
+                    for i in range(0, len(shots), batch_size)])
+    projector.train(mode)
+    y = torch.from_numpy(labels).to(device)
+    return classifier.match_vertices(mu, y, int(y.min()))
+
+
 def fit_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, num_seen: int, classifier_kind: str,
              inc) -> float:
     """The classification term of eq. optim_inc over the whole session training set, without feature mixup: the
@@ -206,6 +220,10 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     x_np, y_np, base_np = session_training_set(store, session, fewshot, memory, base_maps, base_classes, inc)
     x_all, y_all, base_all = (torch.from_numpy(a).to(device) for a in (x_np, y_np, base_np))
     num_seen = int(shot_labels.max()) + 1
+    vertices = {}
+    if inc.vertex_match:  # the free vertices the new classes' features point to at the session's start (ours)
+        perm = match_vertices(projector, classifier, shots, shot_labels, device, inc.eval_batch_size)
+        vertices = {"vertices": perm[:num_seen - int(shot_labels.min())]}  # the columns the new classes took
 
     trainable = [p for p in projector.parameters() if p.requires_grad] + list(classifier.parameters())
     opt = torch.optim.SGD(session_param_groups(projector, trainable, inc), lr=inc.lr, momentum=inc.momentum,
@@ -285,7 +303,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     result = {"session": session, **metrics, "steps": steps, "train_samples": int(len(y_all)),
               "final_loss": history["loss"][-1] if steps else None, "history": history,
               "fit_loss": {"before": round(fit_before, 6), "after": round(fit_after, 6)},
-              "frozen_sha256": frozen_before, **prototype, "diagnostics": diagnostics,
+              "frozen_sha256": frozen_before, **vertices, **prototype, "diagnostics": diagnostics,
               "projector_parameters": sum(p.numel() for p in projector.parameters()),
               "seconds": round(time.time() - started, 2)}
     (out_dir / METRICS_FILE).write_text(json.dumps(result, indent=2))
