@@ -133,7 +133,6 @@ ROSE_FACTOR = 1.5
 
 
 @torch.no_grad()
-@torch.no_grad()
 def match_vertices(projector, classifier, shots: np.ndarray, labels: np.ndarray, device: torch.device,
                    batch_size: int) -> list[int]:
     """Fix the ETF vertices of this session's new classes by the features of their shots before any training
@@ -147,6 +146,7 @@ def match_vertices(projector, classifier, shots: np.ndarray, labels: np.ndarray,
     return classifier.match_vertices(mu, y, int(y.min()))
 
 
+@torch.no_grad()
 def fit_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, num_seen: int, classifier_kind: str,
              inc) -> float:
     """The classification term of eq. optim_inc over the whole session training set, without feature mixup: the
