@@ -204,8 +204,8 @@ def test_a_session_that_ends_worse_than_it_began_is_refused_as_diverged(how, tin
 @torch.no_grad()
 def test_fit_loss_is_the_clean_dr_loss_over_the_whole_training_set():
     """Oracle: eq. loss_dr (x dr_scale) averaged over every row, in float64 from the projector's features and the
-    ETF columns; the same for any evaluation batch size and with feature mixup on, draws no random numbers and
-    leaves the train / eval modes as they were."""
+    ETF columns; the same for any evaluation batch size and with feature mixup on, draws no random numbers, builds no
+    autograd graph and leaves the train / eval modes as they were."""
     cfg = build_config(TINY_PARAMS)
     projector, classifier = build_head(cfg.model, 16, (2, 2), 12)
     projector.set_sessions(1)
@@ -225,6 +225,12 @@ def test_fit_loss_is_the_clean_dr_loss_over_the_whole_training_set():
         assert incremental_session.fit_loss(projector, classifier, x, y, 10, "etf", inc) == pytest.approx(
             expected, rel=1e-6)
     assert projector.training and not classifier.training and torch.equal(torch.get_rng_state(), rng)
+    # a measurement, not a training step: no autograd graph is built (it once lost its no_grad)
+    graphs = []
+    hook = classifier.register_forward_hook(lambda mod, inp, out: graphs.append(out.requires_grad))
+    incremental_session.fit_loss(projector, classifier, x, y, 10, "etf", cfg.incremental)
+    hook.remove()
+    assert graphs == [False]
 
 
 def test_the_divergence_verdict_follows_the_model_not_the_batch_losses(tiny_run, tmp_path, monkeypatch):
