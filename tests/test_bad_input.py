@@ -228,7 +228,8 @@ def test_fit_loss_is_the_clean_dr_loss_over_the_whole_training_set():
     # a measurement, not a training step: no autograd graph is built (it once lost its no_grad)
     graphs = []
     hook = classifier.register_forward_hook(lambda mod, inp, out: graphs.append(out.requires_grad))
-    incremental_session.fit_loss(projector, classifier, x, y, 10, "etf", cfg.incremental)
+    with torch.enable_grad():  # as in train_session (this test itself runs under no_grad)
+        incremental_session.fit_loss(projector, classifier, x, y, 10, "etf", cfg.incremental)
     hook.remove()
     assert graphs == [False]
 
