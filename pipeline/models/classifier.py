@@ -72,7 +72,7 @@ class ETFClassifier(nn.Module):
         score /= torch.bincount(labels - start, minlength=new).clamp_min(1).unsqueeze(1)
         _, cols = linear_sum_assignment(score.cpu().numpy(), maximize=True)
         chosen = [int(j) for j in cols]
-        order = chosen + [j for j in range(cos.shape[1]) if j not in set(chosen)]
+        order = chosen + sorted(set(range(cos.shape[1])) - set(chosen))
         self.weight[:, start:] = self.weight[:, start:][:, order].clone()
         return [start + j for j in order]
 

@@ -36,7 +36,7 @@ from pipeline.training.base_model import MODEL_FILE, config_digest
 from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed
 from pipeline.training.diagnostics import session_diagnostics
 from pipeline.training.evaluate import session_metrics
-from pipeline.training.prototype import base_prototype_metrics, prototype_metrics
+from pipeline.training.prototype import base_prototype_metrics, projected, prototype_metrics
 from pipeline.training.schedule import set_lr, warmup_cosine
 
 STATE_FILE = "state.safetensors"
@@ -133,20 +133,6 @@ ROSE_FACTOR = 1.5
 
 
 @torch.no_grad()
-def match_vertices(projector, classifier, shots: np.ndarray, labels: np.ndarray, device: torch.device,
-                   batch_size: int) -> list[int]:
-    """Fix the ETF vertices of this session's new classes by the features of their shots before any training
-    (ETFClassifier.match_vertices); returns the permutation of the free columns."""
-    mode = projector.training
-    projector.eval()
-    mu = torch.cat([projector(torch.from_numpy(shots[i:i + batch_size]).to(device), mode="incremental").mu
-                    for i in range(0, len(shots), batch_size)])
-    projector.train(mode)
-    y = torch.from_numpy(labels).to(device)
-    return classifier.match_vertices(mu, y, int(y.min()))
-
-
-@torch.no_grad()
 def fit_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, num_seen: int, classifier_kind: str,
              inc) -> float:
     """The classification term of eq. optim_inc over the whole session training set, without feature mixup: the
@@ -222,8 +208,10 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     num_seen = int(shot_labels.max()) + 1
     vertices = {}
     if inc.vertex_match:  # the free vertices the new classes' features point to at the session's start (ours)
-        perm = match_vertices(projector, classifier, shots, shot_labels, device, inc.eval_batch_size)
-        vertices = {"vertices": perm[:num_seen - int(shot_labels.min())]}  # the columns the new classes took
+        first = int(shot_labels.min())
+        mu = projected(projector, shots, "incremental", device, inc.eval_batch_size)  # g_inc's gate is still zero
+        perm = classifier.match_vertices(mu, torch.from_numpy(shot_labels), first)
+        vertices = {"vertices": perm[:num_seen - first]}  # the columns the new classes took
 
     trainable = [p for p in projector.parameters() if p.requires_grad] + list(classifier.parameters())
     opt = torch.optim.SGD(session_param_groups(projector, trainable, inc), lr=inc.lr, momentum=inc.momentum,
