@@ -35,6 +35,11 @@ class SelectionConfig(SectionConfig):
     protocols: int = 1
     """Pseudo protocols drawn (seeds seed, seed + 1, ...); a candidate's score is its mean pseudo AVG over them
     (the paper: 1). With a few held-out images per class one protocol's margins are often below one image."""
+    min_gain_se: float = 0.0
+    """Ours: a candidate replaces the configured value only when its pseudo AVG, paired protocol by protocol with
+    the configured value's, gains more than this many standard errors of those differences; of the candidates that
+    do, the highest mean wins, and when none does the configured value stays (0: the highest mean, the paper's
+    rule). Needs protocols >= 2; a key whose configured value is not among its candidates takes the highest mean."""
     val_fraction: float = 0.2
     """Fraction of each base class's training images held out as the pseudo test set."""
     base_fraction: float | None = None
@@ -130,6 +135,9 @@ class SelectionConfig(SectionConfig):
         for key in ("sessions", "ways", "shots"):
             check(getattr(self, key) is None or getattr(self, key) >= 1, "selection", key, "must be >= 1 or null")
         check(self.protocols >= 1, "selection", "protocols", "must be >= 1")
+        check(self.min_gain_se >= 0, "selection", "min_gain_se", "must be >= 0")
+        check(self.min_gain_se == 0 or self.protocols >= 2, "selection", "min_gain_se",
+              "needs protocols >= 2 (a standard error over pseudo protocols)")
         # a base-stage or schedule-stage candidate must be a valid value of its key: that section's own rule
         for section, key, name in ([("base", key, f"base_{key}") for key in BASE_SELECTION_KEYS]
                                    + [(section, key, key) for section, key in SCHEDULE_SELECTION_KEYS]):

@@ -14,7 +14,9 @@ its own pseudo base model), then the session schedule and training set (incremen
 grad_clip_norm, steps, mixup_prob, deviation_prob, the shots' stored augmented views extract.augmented_views, the
 memory: extract.memory, memory_k, then replay, copy, base_copy; these keys interact, so their stage repeats until a pass
 changes nothing). A tie keeps the configured value, else the earliest candidate. With selection.protocols > 1 a
-candidate scores its mean pseudo AVG over that many pseudo protocols (seeds selection.seed, seed + 1, ...).
+candidate scores its mean pseudo AVG over that many pseudo protocols (seeds selection.seed, seed + 1, ...), and its
+row carries its gain over the configured value paired by protocol, in standard errors (`gain_se`); with
+selection.min_gain_se > 0 (ours) a candidate must beat the configured value by more than that to replace it.
 """
 
 from __future__ import annotations
@@ -204,8 +206,30 @@ def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str
     ]
 
 
-def choose(values: list, scores: list[float], configured: Any) -> Any:
-    """The value of the highest score; on a tie the configured value, else the earliest candidate."""
+def paired_gain_se(runs: list[float], reference: list[float]) -> float:
+    """Mean of the per-protocol differences runs - reference in standard errors of that mean (inf when every
+    difference is the same positive number, nan when they are all zero)."""
+    diff = np.asarray(runs, dtype=np.float64) - np.asarray(reference, dtype=np.float64)
+    if not np.isfinite(diff).all():  # a diverged run on either side
+        return math.nan
+    mean, se = float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(len(diff)))
+    if se > 0:
+        return mean / se
+    return math.copysign(math.inf, mean) if mean else math.nan
+
+
+def choose(values: list, scores: list[float], configured: Any, per_protocol: list[list[float]] | None = None,
+           min_gain_se: float = 0.0) -> Any:
+    """The value of the highest score; on a tie the configured value, else the earliest candidate. With min_gain_se
+    > 0 (selection.min_gain_se) only candidates whose per-protocol scores beat the configured value's by more than
+    that many standard errors of the paired differences may replace it."""
+    if min_gain_se > 0 and configured in values and math.isfinite(scores[values.index(configured)]):
+        reference = per_protocol[values.index(configured)]
+        passing = [i for i, v in enumerate(values) if v != configured and math.isfinite(scores[i])
+                   and paired_gain_se(per_protocol[i], reference) > min_gain_se]
+        if not passing:
+            return configured
+        values, scores = [values[i] for i in passing], [scores[i] for i in passing]
     best = max(scores)
     tied = [v for v, s in zip(values, scores, strict=True) if s == best]
     return configured if configured in tied else tied[0]
@@ -319,7 +343,7 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
 
     def choose_key(stage: str, key: str, values: list, held: dict[str, Any]) -> None:
         """Run every candidate of `key` (the earlier choices fixed), record their rows and the chosen value."""
-        scores = []
+        scores, per_protocol = [], []
         for value in values:
             cand = with_values(cfg, {**held, **chosen, key: value})
             runs = [_run_cached(dataclasses.replace(cand, seed=info["seed"]), (path, info), work_dir, results,
@@ -327,6 +351,7 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
             diverged = [r["diverged"] for r in runs if "diverged" in r]
             mean = {s: float(np.mean([r[s] for r in runs])) for s in SCORES}  # nan when one diverged
             scores.append(-math.inf if diverged else mean["avg"])
+            per_protocol.append([r["avg"] for r in runs])
             rows.append({"stage": stage, "key": key, "value": value, **mean,
                          **({f"avg_seed{info['seed']}": r["avg"] for (_, info), r in zip(packs, runs, strict=True)}
                             if len(packs) > 1 else {}),
@@ -338,9 +363,12 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
         if all(score == -math.inf for score in scores):
             raise FSCILError(f"selection: every candidate of {key} ({', '.join(map(str, values))}) diverged on at "
                              "least one pseudo protocol; add a smaller candidate (or lower incremental.lr)")
-        chosen[key] = choose(values, scores, _get(cfg, key))
-        for row in rows[-len(values):]:
+        configured = _get(cfg, key)
+        chosen[key] = choose(values, scores, configured, per_protocol, sel.min_gain_se)
+        for row, runs in zip(rows[-len(values):], per_protocol, strict=True):
             row["chosen"] = row["value"] == chosen[key]
+            if len(packs) > 1 and configured in values and row["value"] != configured:  # the paired gain, in SE
+                row["gain_se"] = paired_gain_se(runs, per_protocol[values.index(configured)])
         say(f"chosen {key}={chosen[key]}")
 
     # a named variant is what its name says: the keys it sets itself (a row's projector, its losses off) are held
