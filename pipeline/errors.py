@@ -17,7 +17,9 @@ class TrainingDiverged(FSCILError):
     result: counted, not averaged) instead of stopping; a stage prints the message and writes nothing."""
 
     # The version of what counts as diverged, stored with every recorded refusal: 2 measures a session's fit before
-    # and after training (`incremental_session.fit_loss`); 1 compared batch losses and misread feature-mixup sessions
+    # and after training (`incremental_session.fit_loss`); 1 compared batch losses and misread feature-mixup sessions.
+    # The base training's check (`base_session.not_learning`) came later under 2: it only adds refusals, so no
+    # refusal stored under 2 would be accepted now; a result stored before it is not checked again.
     RULES = 2
 
     def record(self) -> dict:
