@@ -240,12 +240,26 @@ def _get(cfg: Config, dotted: str) -> Any:
     return getattr(getattr(cfg, name), key)
 
 
-def selected_yaml(chosen: dict[str, Any], pseudo: list[dict], variant: str | None = None) -> str:
-    """A params.yaml fragment holding only the chosen keys, with a comment naming the pseudo protocols; for a named
-    variant, under `variant_params: {<variant>: ...}` so that merged into params.yaml it applies to that variant
-    alone."""
+# A chosen value that reads another key, which is not selected itself: (condition on the value, the key it reads)
+NEEDS = {"incremental.deviation_prob": (lambda p: p > 0, "extract.deviations"),
+         "extract.memory_k": (lambda k: True, "extract.memory")}
+
+
+def needed_keys(cfg: Config, chosen: dict[str, Any]) -> dict[str, Any]:
+    """The keys the chosen values read that were not chosen, at the values the selection ran them with, so that the
+    fragment means the same merged into a params file without them (e.g. deviation_prob with its extract.deviations)."""
+    ran = with_values(cfg, chosen)
+    return {needed: _get(ran, needed) for key, (applies, needed) in NEEDS.items()
+            if key in chosen and needed not in chosen and applies(chosen[key])}
+
+
+def selected_yaml(chosen: dict[str, Any], pseudo: list[dict], variant: str | None = None,
+                  needed: dict[str, Any] | None = None) -> str:
+    """A params.yaml fragment holding the chosen keys (and the `needed` ones they read), with a comment naming the
+    pseudo protocols; for a named variant, under `variant_params: {<variant>: ...}` so that merged into params.yaml
+    it applies to that variant alone."""
     nested: dict[str, Any] = {}
-    for dotted, value in chosen.items():
+    for dotted, value in {**chosen, **(needed or {})}.items():
         name, key = dotted.split(".")
         nested.setdefault(name, {})[key] = value
     if variant is not None:
@@ -257,7 +271,8 @@ def selected_yaml(chosen: dict[str, Any], pseudo: list[dict], variant: str | Non
               f"{first['sessions']} x {first['ways']}-way {first['shots']}-shot pseudo sessions\n"
               f"# from the base session's training images only ({first['val_fraction']:g} of each class held out "
               f"as pseudo test), seed{plural} {seeds},\n# pseudo pack{plural} "
-              f"{packs}{f', variant {variant}' if variant else ''}. Merge into params.yaml.\n")
+              f"{packs}{f', variant {variant}' if variant else ''}. Merge into params.yaml.\n"
+              + (f"# Not selected, read by a chosen value: {', '.join(needed)}.\n" if needed else ""))
     return header + yaml.safe_dump(nested, sort_keys=False)
 
 
@@ -393,7 +408,8 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
 
     out_dir.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out_dir / "selection.csv", index=False)
-    (out_dir / "selected.yaml").write_text(selected_yaml(chosen, [info for _, info in packs], cfg.variant))
+    (out_dir / "selected.yaml").write_text(selected_yaml(chosen, [info for _, info in packs], cfg.variant,
+                                                         needed_keys(cfg, chosen)))
     summary = {"chosen": chosen, "rows": rows, "pseudo_protocol": pseudo,
                "pseudo_protocols": [info for _, info in packs]}
     (out_dir / "selection.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -387,3 +387,37 @@ def test_a_selection_with_a_margin_records_the_paired_gain_and_keeps_a_noisy_win
     assert "lambda3: 0.01" in (tmp_path / "margin" / "selected.yaml").read_text()
     with pytest.raises(FSCILError, match=r"selection\.min_gain_se.*protocols >= 2"):
         SelectionConfig(min_gain_se=2.0)
+
+
+@pytest.mark.parametrize("case", ["deviations", "memory", "none"])
+def test_selected_yaml_carries_the_keys_a_chosen_value_reads(real_pack, tmp_path, monkeypatch, case):
+    """deviation_prob > 0 reads extract.deviations and memory_k the (sampled) extract.memory: when those were set in
+    the params and not selected, the fragment carries them at the values the candidates ran with, so merged into a
+    params file without them it loads and means what was selected; deviation_prob 0 reads nothing."""
+    params, paths = real_pack
+    values = yaml.safe_load(params.read_text())
+    extra = {"deviations": {"extract": {"deviations": 3}}, "memory": {"extract": {"memory": "sampled"}},
+             "none": {"extract": {"deviations": 3}}}[case]
+    cfg = build_config({**values, **extra})
+
+    def run(cand, *args):
+        inc, ext = cand.incremental, cand.extract
+        win = {"deviations": inc.deviation_prob == 0.5, "memory": ext.memory_k == 2, "none": False}[case]
+        return {"avg": 60.0 + 5.0 * win, "final": 1.0, "pd": 1.0, "base": 1.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    key = {"deviations": {"deviation_prob": [0.0, 0.5]}, "memory": {"memory_k": [4, 2]},
+           "none": {"deviation_prob": [0.0, 0.5]}}[case]
+    sets = SelectionConfig(**{**TINY_SELECTION, **key})
+    selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    fragment = yaml.safe_load((tmp_path / "out" / "selected.yaml").read_text())
+    merged = build_config({**values, **fragment})  # the params without the extra keys, the fragment over them
+    if case == "deviations":
+        assert fragment["extract"] == {"deviations": 3} and fragment["incremental"]["deviation_prob"] == 0.5
+        assert (merged.extract.deviations, merged.incremental.deviation_prob) == (3, 0.5)
+        assert "extract.deviations" in (tmp_path / "out" / "selected.yaml").read_text()
+    elif case == "memory":
+        assert fragment["extract"] == {"memory": "sampled", "memory_k": 2}
+        assert merged.extract.memory_rule == ("sampled", 2)
+    else:
+        assert fragment["incremental"]["deviation_prob"] == 0.0 and "extract" not in fragment
