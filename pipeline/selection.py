@@ -384,7 +384,11 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
             row["chosen"] = row["value"] == chosen[key]
             if len(packs) > 1 and configured in values and row["value"] != configured:  # the paired gain, in SE
                 row["gain_se"] = paired_gain_se(runs, per_protocol[values.index(configured)])
-        say(f"chosen {key}={chosen[key]}")
+        top = choose(values, scores, configured)
+        margin = (f" ({top} had the highest mean but gained {rows[-len(values) + values.index(top)]['gain_se']:.2f} "
+                  f"standard errors over {configured}, not more than selection.min_gain_se {sel.min_gain_se:g})"
+                  if chosen[key] != top else "")
+        say(f"chosen {key}={chosen[key]}{margin}")
 
     # a named variant is what its name says: the keys it sets itself (a row's projector, its losses off) are held
     fixed = variant_keys(cfg.variant)

@@ -381,9 +381,12 @@ def test_a_selection_with_a_margin_records_the_paired_gain_and_keeps_a_noisy_win
     assert "gain_se" not in rows[0.0]
     assert rows[0.1]["gain_se"] == pytest.approx(selection.paired_gain_se([53.0, 48.0, 53.0], [50.0] * 3))
     assert rows[0.01]["gain_se"] == pytest.approx(0.5 / (0.1 / math.sqrt(3)))
+    said: list[str] = []
     margin = selection.select(cfg, paths.pack, tmp_path / "margin", dataclasses.replace(sets, min_gain_se=2.0),
-                              work_dir=tmp_path / "work")
+                              work_dir=tmp_path / "work", log=said.append)
     assert margin["chosen"]["incremental.lambda3"] == 0.01
+    assert ("chosen incremental.lambda3=0.01 (0.1 had the highest mean but gained 0.80 standard errors over 0.0, not "
+            "more than selection.min_gain_se 2)") in said
     assert "lambda3: 0.01" in (tmp_path / "margin" / "selected.yaml").read_text()
     with pytest.raises(FSCILError, match=r"selection\.min_gain_se.*protocols >= 2"):
         SelectionConfig(min_gain_se=2.0)
