@@ -352,6 +352,14 @@ class IncrementalConfig(SectionConfig):
         check(self.grad_clip_norm is None or self.grad_clip_norm > 0, "incremental", "grad_clip_norm",
               "must be > 0 or null")
 
+    def digest_values(self) -> dict:
+        """As every section's, but without base_lr_scale when freeze_base is true: it scales the lr of parts that are
+        then frozen, so it changes nothing a session computes (and stored runs and candidates stay valid)."""
+        values = super().digest_values()
+        if self.freeze_base:
+            values.pop("base_lr_scale", None)
+        return values
+
     def session_value(self, key: str, session: int) -> int:
         """`steps` / `base_copy` of incremental session `session` (1-based): per-session lists or one value."""
         values = getattr(self, key)

@@ -158,9 +158,9 @@ def test_a_field_added_at_its_neutral_value_leaves_every_digest_as_before_it_exi
     from pipeline.training.base_model import BASE_MODEL_SECTIONS, config_digest
     from pipeline.training.incremental_session import SECTIONS
 
-    def cfg(scale):
+    def cfg(scale, frozen=False):
         return build_config({**TINY_PARAMS, "incremental": {**TINY_PARAMS.get("incremental", {}),
-                                                            "base_lr_scale": scale}})
+                                                            "base_lr_scale": scale, "freeze_base": frozen}})
 
     full = cfg(1.0).to_dict()
     removed = []
@@ -178,4 +178,7 @@ def test_a_field_added_at_its_neutral_value_leaves_every_digest_as_before_it_exi
         assert config_digest(cfg(1.0), sections) == before[sections]
     assert config_digest(cfg(0.5), SECTIONS) != before[SECTIONS]
     assert study.run_key(cfg(1.0)) != study.run_key(cfg(0.5))
+    # with p_iden / g_base frozen the scale has nothing to scale: every value is the same run
+    assert config_digest(cfg(0.5, frozen=True), SECTIONS) == config_digest(cfg(1.0, frozen=True), SECTIONS)
+    assert study.run_key(cfg(0.5, frozen=True)) == study.run_key(cfg(1.0, frozen=True)) != study.run_key(cfg(1.0))
     assert "base_lr_scale" in cfg(1.0).to_dict()["incremental"]  # params and reports still show it
