@@ -197,10 +197,11 @@ def test_a_diverging_candidate_loses_and_the_selection_goes_on(real_pack, tmp_pa
 def test_session_optimizer_keys_are_schedule_keys_reaching_the_candidates(real_pack, tmp_path, monkeypatch):
     """selection.lr / base_lr_scale / weight_decay / grad_clip_norm (a variant such as linear + CE may need its own):
     chosen first in the schedule stage, each candidate runs with that value, and a chosen `null` (no clipping)
-    survives the params fragment."""
+    survives the params fragment. With p_iden / g_base frozen base_lr_scale is inert: its candidates are one run."""
     params, paths = real_pack
     cfg = load_config(params)
-    sets = SelectionConfig(**{**TINY_SELECTION, "freeze_base": [True], "lr": [0.1, 0.01],
+    cfg = dataclasses.replace(cfg, incremental=dataclasses.replace(cfg.incremental, freeze_base=False))
+    sets = SelectionConfig(**{**TINY_SELECTION, "freeze_base": [False], "lr": [0.1, 0.01],
                               "base_lr_scale": [1.0, 0.1], "weight_decay": [5e-4, 0.0], "grad_clip_norm": [1.0, None],
                               "steps": [[5], [10]]})
     assert [key for _, key, _, _ in selection.selection_order(sets)[:6]] == [
@@ -231,6 +232,12 @@ def test_session_optimizer_keys_are_schedule_keys_reaching_the_candidates(real_p
     assert fragment["incremental"]["lr"] == 0.01 and fragment["incremental"]["grad_clip_norm"] is None
     assert fragment["incremental"]["weight_decay"] == 0.0 and fragment["incremental"]["base_lr_scale"] == 0.1
     assert "grad_clip_norm" in fragment["incremental"]
+    # frozen: the 0.1 candidate is the stored run of 1.0 (same digest), never trained, and the configured 1.0 stays
+    seen.clear()
+    frozen = dataclasses.replace(cfg, incremental=dataclasses.replace(cfg.incremental, freeze_base=True))
+    result = selection.select(frozen, paths.pack, tmp_path / "frozen", dataclasses.replace(
+        sets, freeze_base=[True], lr=[0.01], grad_clip_norm=[None]), work_dir=tmp_path / "work_frozen")
+    assert {scale for *_, scale in seen} == {1.0} and result["chosen"]["incremental.base_lr_scale"] == 1.0
 
 
 def test_a_variants_selection_holds_its_own_keys_and_writes_variant_params(real_pack, tmp_path, monkeypatch):
