@@ -218,15 +218,14 @@ def paired_gain_se(runs: list[float], reference: list[float]) -> float:
     return math.copysign(math.inf, mean) if mean else math.nan
 
 
-def choose(values: list, scores: list[float], configured: Any, per_protocol: list[list[float]] | None = None,
+def choose(values: list, scores: list[float], configured: Any, gains: list[float] | None = None,
            min_gain_se: float = 0.0) -> Any:
     """The value of the highest score; on a tie the configured value, else the earliest candidate. With min_gain_se
-    > 0 (selection.min_gain_se) only candidates whose per-protocol scores beat the configured value's by more than
-    that many standard errors of the paired differences may replace it."""
+    > 0 (selection.min_gain_se) only candidates whose gain over the configured value (`gains`, paired_gain_se) is
+    above min_gain_se may replace it."""
     if min_gain_se > 0 and configured in values and math.isfinite(scores[values.index(configured)]):
-        reference = per_protocol[values.index(configured)]
         passing = [i for i, v in enumerate(values) if v != configured and math.isfinite(scores[i])
-                   and paired_gain_se(per_protocol[i], reference) > min_gain_se]
+                   and gains[i] > min_gain_se]
         if not passing:
             return configured
         values, scores = [values[i] for i in passing], [scores[i] for i in passing]
@@ -379,15 +378,18 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
             raise FSCILError(f"selection: every candidate of {key} ({', '.join(map(str, values))}) diverged on at "
                              "least one pseudo protocol; add a smaller candidate (or lower incremental.lr)")
         configured = _get(cfg, key)
-        chosen[key] = choose(values, scores, configured, per_protocol, sel.min_gain_se)
-        for row, runs in zip(rows[-len(values):], per_protocol, strict=True):
-            row["chosen"] = row["value"] == chosen[key]
-            if len(packs) > 1 and configured in values and row["value"] != configured:  # the paired gain, in SE
-                row["gain_se"] = paired_gain_se(runs, per_protocol[values.index(configured)])
-        top = choose(values, scores, configured)
-        margin = (f" ({top} had the highest mean but gained {rows[-len(values) + values.index(top)]['gain_se']:.2f} "
-                  f"standard errors over {configured}, not more than selection.min_gain_se {sel.min_gain_se:g})"
-                  if chosen[key] != top else "")
+        paired = len(packs) > 1 and configured in values  # each candidate's gain over the configured value, in SE
+        gains = [paired_gain_se(runs, per_protocol[values.index(configured)]) if paired and value != configured
+                 else math.nan for value, runs in zip(values, per_protocol, strict=True)]
+        chosen[key] = choose(values, scores, configured, gains, sel.min_gain_se)
+        for row, value, gain in zip(rows[-len(values):], values, gains, strict=True):
+            row["chosen"] = value == chosen[key]
+            if paired and value != configured:
+                row["gain_se"] = gain
+        top = choose(values, scores, configured)  # the paper's rule, to say when the margin overruled it
+        margin = (f" ({top} had the highest mean but gained {gains[values.index(top)]:.2f} standard errors over "
+                  f"{configured}, not more than selection.min_gain_se {sel.min_gain_se:g})" if chosen[key] != top
+                  else "")
         say(f"chosen {key}={chosen[key]}{margin}")
 
     # a named variant is what its name says: the keys it sets itself (a row's projector, its losses off) are held

@@ -350,20 +350,22 @@ def test_min_gain_se_keeps_the_configured_value_unless_a_candidate_beats_it_by_t
     se = math.sqrt(sum((d - sum(diff) / 10) ** 2 for d in diff) / 9 / 10)
     assert selection.paired_gain_se(matched, configured) == pytest.approx(sum(diff) / 10 / se, rel=1e-9)
     scores = [sum(configured) / 10, sum(matched) / 10]
-    assert selection.choose([False, True], scores, False, [configured, matched]) is True  # the paper's rule
-    assert selection.choose([False, True], scores, False, [configured, matched], min_gain_se=1.0) is True
-    assert selection.choose([False, True], scores, False, [configured, matched], min_gain_se=2.0) is False
+    gains = [math.nan, selection.paired_gain_se(matched, configured)]
+    assert selection.choose([False, True], scores, False, gains) is True  # the paper's rule
+    assert selection.choose([False, True], scores, False, gains, min_gain_se=1.0) is True
+    assert selection.choose([False, True], scores, False, gains, min_gain_se=2.0) is False
     # of the candidates past the margin the highest mean wins, not a noisier one above them
     runs = {"a": [50.0, 50.0, 50.0], "noisy": [53.0, 48.0, 53.0], "steady": [50.5, 50.6, 50.4],
             "steadier": [50.3, 50.3, 50.31]}
     values = list(runs)
     scores = [sum(r) / 3 for r in runs.values()]
-    assert selection.choose(values, scores, "a", list(runs.values())) == "noisy"
-    assert selection.choose(values, scores, "a", list(runs.values()), min_gain_se=2.0) == "steady"
-    assert selection.choose(values, scores, "a", list(runs.values()), min_gain_se=50.0) == "steadier"  # 91 SE
+    gains = [math.nan, *(selection.paired_gain_se(r, runs["a"]) for r in list(runs.values())[1:])]
+    assert selection.choose(values, scores, "a", gains) == "noisy"
+    assert selection.choose(values, scores, "a", gains, min_gain_se=2.0) == "steady"
+    assert selection.choose(values, scores, "a", gains, min_gain_se=50.0) == "steadier"  # 91 SE
     # the configured value diverged (or is not a candidate): nothing to pair with, the highest mean
-    assert selection.choose(values, [-math.inf, *scores[1:]], "a", list(runs.values()), 2.0) == "noisy"
-    assert selection.choose(values[1:], scores[1:], "a", list(runs.values())[1:], 2.0) == "noisy"
+    assert selection.choose(values, [-math.inf, *scores[1:]], "a", gains, 2.0) == "noisy"
+    assert selection.choose(values[1:], scores[1:], "a", gains[1:], 2.0) == "noisy"
 
 
 def test_a_selection_with_a_margin_records_the_paired_gain_and_keeps_a_noisy_winner_out(real_pack, tmp_path,
