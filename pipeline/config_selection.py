@@ -113,6 +113,9 @@ class SelectionConfig(SectionConfig):
     iden_linear: list[bool] = field(default_factory=list)
     """Stage 1c candidates of model.iden_linear, after k_paths (empty: keep the configured value; ours: a trained
     linear p_iden at C == D'). Each trains its own base model."""
+    out_norm: list[bool] = field(default_factory=list)
+    """Stage 1c candidates of model.out_norm, after iden_linear (empty: keep the configured value; the authors' code
+    has the LayerNorm on the merged scan output, the paper's equations do not). Each trains its own base model."""
     inc_init: list[str] = field(default_factory=lambda: ["random", "base"])
     """Stage 1d candidates of incremental.inc_init (not in the paper's list: how g_inc starts in session 1)."""
     vertex_match: list[bool] = field(default_factory=list)

@@ -5,9 +5,9 @@ The real base session's training images are split, seeded, into a pseudo-base se
 sessions and a held-out pseudo test set, and written as an ordinary image pack, so each candidate runs the very
 training code of the pipeline (train_base, extract_features, train_session). Nothing of the real test set or of the
 real incremental sessions is ever read. Choices follow the paper's order, each by the highest pseudo AVG with the
-earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the suppression variant, K, and our
-model.iden_linear when listed, incremental.inc_init, and our incremental.vertex_match when listed), with lambda1 at its
-configured value and lambda2 = lambda3 = 0;
+earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the suppression variant, K, our
+model.iden_linear and the authors' model.out_norm when listed, incremental.inc_init, and our incremental.vertex_match
+when listed), with lambda1 at its configured value and lambda2 = lambda3 = 0;
 stage 2 lambda1 (lambda2 = lambda3 = 0), then lambda2 (lambda3 = 0), then lambda3. Optional stages, not in the paper,
 come first when candidates are given: the base training (base.epochs, lr, dr_scale, weight_decay; each candidate trains
 its own pseudo base model), then the session schedule and training set (incremental.lr, base_lr_scale, weight_decay,
@@ -198,6 +198,7 @@ def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str
         ("architecture", "incremental.suppression", sel.suppression, no_aux),
         ("architecture", "model.k_paths", sel.k_paths, no_aux),
         *([("architecture", "model.iden_linear", sel.iden_linear, no_aux)] if sel.iden_linear else []),
+        *([("architecture", "model.out_norm", sel.out_norm, no_aux)] if sel.out_norm else []),
         ("architecture", "incremental.inc_init", sel.inc_init, no_aux),
         *([("architecture", "incremental.vertex_match", sel.vertex_match, no_aux)] if sel.vertex_match else []),
         ("loss_weights", "incremental.lambda1", sel.lambda1, no_aux),

@@ -134,6 +134,16 @@ def test_the_linear_p_iden_is_an_architecture_choice_after_k_only_when_listed():
     assert entry[2] == [True] and entry[3] == {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
 
 
+def test_the_scan_output_norm_is_an_architecture_choice_after_the_linear_p_iden_only_when_listed():
+    keys = lambda sets: [key for stage, key, _, _ in selection.selection_order(sets) if stage == "architecture"]  # noqa: E731
+    assert "model.out_norm" not in keys(SelectionConfig())
+    order = keys(SelectionConfig(iden_linear=[False], out_norm=[False, True]))
+    at = order.index("model.out_norm")
+    assert order[at - 2:at + 2] == ["model.k_paths", "model.iden_linear", "model.out_norm", "incremental.inc_init"]
+    entry = next(e for e in selection.selection_order(SelectionConfig(out_norm=[True])) if e[1] == "model.out_norm")
+    assert entry[2] == [True] and entry[3] == {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
+
+
 def test_the_vertex_match_is_an_architecture_choice_after_inc_init_only_when_listed():
     keys = lambda sets: [key for stage, key, _, _ in selection.selection_order(sets) if stage == "architecture"]  # noqa: E731
     assert "incremental.vertex_match" not in keys(SelectionConfig())
