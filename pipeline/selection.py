@@ -193,14 +193,18 @@ def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str
             for key in BASE_SELECTION_KEYS if getattr(sel, f"base_{key}")]
     schedule = [("schedule", f"{section}.{key}", getattr(sel, key), no_aux)
                 for section, key in SCHEDULE_SELECTION_KEYS if getattr(sel, key)]
+
+    def if_listed(key: str, values: list) -> list:  # options off the paper's list: compared only when given
+        return [("architecture", key, values, no_aux)] if values else []
+
     return base + schedule + [
         ("architecture", "incremental.freeze_base", sel.freeze_base, no_aux),
         ("architecture", "incremental.suppression", sel.suppression, no_aux),
         ("architecture", "model.k_paths", sel.k_paths, no_aux),
-        *([("architecture", "model.iden_linear", sel.iden_linear, no_aux)] if sel.iden_linear else []),
-        *([("architecture", "model.out_norm", sel.out_norm, no_aux)] if sel.out_norm else []),
+        *if_listed("model.iden_linear", sel.iden_linear),
+        *if_listed("model.out_norm", sel.out_norm),
         ("architecture", "incremental.inc_init", sel.inc_init, no_aux),
-        *([("architecture", "incremental.vertex_match", sel.vertex_match, no_aux)] if sel.vertex_match else []),
+        *if_listed("incremental.vertex_match", sel.vertex_match),
         ("loss_weights", "incremental.lambda1", sel.lambda1, no_aux),
         ("loss_weights", "incremental.lambda2", sel.lambda2, {"incremental.lambda3": 0.0}),
         ("loss_weights", "incremental.lambda3", sel.lambda3, {}),

@@ -123,10 +123,13 @@ def test_pseudo_pack_shape_and_seed(real_pack, tmp_path):
         selection.pseudo_pack(paths.pack, tmp_path / "e.h5", sessions=4)
 
 
+def architecture_keys(sets: SelectionConfig) -> list[str]:
+    return [key for stage, key, _, _ in selection.selection_order(sets) if stage == "architecture"]
+
+
 def test_the_linear_p_iden_is_an_architecture_choice_after_k_only_when_listed():
-    keys = lambda sets: [key for stage, key, _, _ in selection.selection_order(sets) if stage == "architecture"]  # noqa: E731
-    assert "model.iden_linear" not in keys(SelectionConfig())
-    order = keys(SelectionConfig(iden_linear=[False, True]))
+    assert "model.iden_linear" not in architecture_keys(SelectionConfig())
+    order = architecture_keys(SelectionConfig(iden_linear=[False, True]))
     at = order.index("model.iden_linear")
     assert order[at - 1:at + 2] == ["model.k_paths", "model.iden_linear", "incremental.inc_init"]
     entry = next(e for e in selection.selection_order(SelectionConfig(iden_linear=[True]))
@@ -135,9 +138,8 @@ def test_the_linear_p_iden_is_an_architecture_choice_after_k_only_when_listed():
 
 
 def test_the_scan_output_norm_is_an_architecture_choice_after_the_linear_p_iden_only_when_listed():
-    keys = lambda sets: [key for stage, key, _, _ in selection.selection_order(sets) if stage == "architecture"]  # noqa: E731
-    assert "model.out_norm" not in keys(SelectionConfig())
-    order = keys(SelectionConfig(iden_linear=[False], out_norm=[False, True]))
+    assert "model.out_norm" not in architecture_keys(SelectionConfig())
+    order = architecture_keys(SelectionConfig(iden_linear=[False], out_norm=[False, True]))
     at = order.index("model.out_norm")
     assert order[at - 2:at + 2] == ["model.k_paths", "model.iden_linear", "model.out_norm", "incremental.inc_init"]
     entry = next(e for e in selection.selection_order(SelectionConfig(out_norm=[True])) if e[1] == "model.out_norm")
@@ -145,9 +147,8 @@ def test_the_scan_output_norm_is_an_architecture_choice_after_the_linear_p_iden_
 
 
 def test_the_vertex_match_is_an_architecture_choice_after_inc_init_only_when_listed():
-    keys = lambda sets: [key for stage, key, _, _ in selection.selection_order(sets) if stage == "architecture"]  # noqa: E731
-    assert "incremental.vertex_match" not in keys(SelectionConfig())
-    order = keys(SelectionConfig(vertex_match=[False, True]))
+    assert "incremental.vertex_match" not in architecture_keys(SelectionConfig())
+    order = architecture_keys(SelectionConfig(vertex_match=[False, True]))
     assert order[-2:] == ["incremental.inc_init", "incremental.vertex_match"]
     entry = next(e for e in selection.selection_order(SelectionConfig(vertex_match=[True]))
                  if e[1] == "incremental.vertex_match")
