@@ -6,7 +6,8 @@ which shares a base model and feature store between runs that differ only in the
 gives a per-session table (the method and the prototype baselines); `study_table` turns the runs into mean +- std
 over seeds of BASE (session 0), FINAL, AVG and PD, plus the backbone prototype baseline (nearest class mean, cosine,
 on the frozen backbone's pooled maps) of the reference variant's backbones. Every run is kept under
-out_dir/runs.json, so an interrupted or extended study recomputes nothing.
+out_dir/runs.json, so an interrupted or extended study recomputes nothing, and two variants that resolve to the same
+values for a seed are trained once.
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ def run_key(cfg: Config) -> str:
     return f"{cfg.variant}/s{cfg.seed}/{_digest(values)}"
 
 
+def content_key(cfg: Config) -> str:
+    """What a run computes: its seed and every value it reads, without the variant's name. Two variants that resolve
+    to the same values (e.g. `dual_ssm_supp` and `mamba_fscil` when lambda3 is 0) give the same run, trained once."""
+    values = {name: value for name, value in cfg.to_dict(for_digest=True).items()
+              if name not in ("selection", "variant")}
+    return f"s{cfg.seed}/{_digest(values)}"
+
+
 SCORES = ("base", "final", "avg", "pd")
 
 
@@ -64,8 +73,13 @@ def _pack(cfg: Config, work: Path) -> Path:
 
 def _run(cfg: Config, variant: str, seed: int, work: Path, scratch: Path) -> dict:
     """One study run's record: its per-session table (base models shared in work/bases)."""
-    return {"variant": variant, "seed": seed,
+    return {"variant": variant, "seed": seed, "content": content_key(cfg),
             "table": run_candidate(cfg, _pack(cfg, work), scratch, work / "bases")["table"]}
+
+
+def _same_run(runs: dict, content: str) -> str | None:
+    """The key of a stored, finished run of another variant that computes the same thing (see `content_key`)."""
+    return next((key for key, run in runs.items() if run.get("content") == content and "table" in run), None)
 
 
 def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out_dir: Path,
@@ -85,6 +99,11 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
         say(f"study: reusing {stored} of {len(keys)} runs stored in {work} "
             "(made by the code of then; delete the folder to recompute them)")
     for (variant, seed, cfg), key in zip(plan, keys, strict=True):
+        same = None if key in runs else _same_run(runs, content_key(cfg))
+        if same is not None:  # the same values under another variant's name: its result, under this name
+            runs[key] = {**runs[same], "variant": variant, "same_as": same}
+            atomic_write_text(runs_path, json.dumps(runs, indent=2) + "\n")
+            say(f"{variant} seed {seed}: the same run as {runs[same]['variant']} (every value it reads is equal)")
         # a diverged run is a result too: kept, counted, not averaged
         run_once(runs, key, runs_path, work / "sessions", functools.partial(_run, cfg, variant, seed, work),
                  diverged={"variant": variant, "seed": seed})

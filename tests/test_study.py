@@ -85,6 +85,32 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
                        "(made by the code of then; delete the folder to recompute them)")
 
 
+def test_variants_that_resolve_to_the_same_values_are_trained_once(tmp_path, monkeypatch):
+    """dual_ssm_supp is mamba_fscil with lambda3 0: at lambda3 0 both read the same values, so one training serves
+    both names; a variant that reads other values (dual_ssm, no losses) trains its own."""
+    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
+    params["incremental"] = {**params["incremental"], "lambda3": 0.0}
+    real, trained = study.run_candidate, []
+    monkeypatch.setattr(study, "run_candidate", lambda cfg, *args: trained.append(cfg.variant) or real(cfg, *args))
+    out, said = tmp_path / "ablation", []
+    sessions = study.run_study(params, ["mamba_fscil", "dual_ssm_supp", "dual_ssm"], [0], out, log=said.append)
+    assert trained == ["mamba_fscil", "dual_ssm"]
+    assert "dual_ssm_supp seed 0: the same run as mamba_fscil (every value it reads is equal)" in said
+    a, b = (sessions[sessions.variant == v].drop(columns="variant").reset_index(drop=True)
+               for v in ("mamba_fscil", "dual_ssm_supp"))
+    pd.testing.assert_frame_equal(a, b)
+    runs = pd.read_csv(out / "runs.csv")
+    assert sorted(runs.variant) == ["dual_ssm", "dual_ssm_supp", "mamba_fscil"]
+    # the shared record says where it came from; a later study with lambda3 on trains dual_ssm_supp apart again
+    stored = json.loads((tmp_path / "ablation.work" / study.RUNS_FILE).read_text())
+    copy = next(r for r in stored.values() if r["variant"] == "dual_ssm_supp")
+    assert stored[copy["same_as"]]["variant"] == "mamba_fscil"
+    params["incremental"]["lambda3"] = 0.1
+    trained.clear()
+    study.run_study(params, ["mamba_fscil", "dual_ssm_supp"], [0], out)
+    assert trained == ["mamba_fscil"]  # dual_ssm_supp still reads lambda3 0 (its own key): the stored copy serves
+
+
 def test_a_diverging_run_is_listed_not_averaged(tmp_path, monkeypatch):
     params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
     real = study.run_candidate
