@@ -123,8 +123,9 @@ def _variant_params(values: Any, where: str) -> dict[str, dict[str, dict[str, An
 
 
 def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Merge params (nulls mean "the preset's value") over the named preset, then, for a named variant, the values
-    chosen for it (`variant_params`) and the variant's own keys; returns plain dicts."""
+    """Merge params (nulls mean "the preset's value") over the named preset, then, for a named variant (params', else
+    the preset's own `variant`), the values chosen for it (`variant_params`) and the variant's own keys; returns
+    plain dicts."""
     params = dict(params)
     top = ("preset", "variant", "seed", "device", "deterministic", "threads", "sessions", "variant_params")
     unknown = sorted(set(params) - {*top, *SECTIONS})
@@ -135,6 +136,8 @@ def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
         raise FSCILError(f"params: preset {preset!r} does not exist (choose from {', '.join(available_presets())})")
     merged = read_yaml(PRESET_DIR / f"{preset}.yaml")
     merged["preset"] = preset
+    # the row a preset's selection chose as its method (omniglot: dual_ssm), run when params name no variant
+    preset_variant = merged.pop("variant", None)
     # values chosen for one named variant (`fscil select` run with that variant): the preset's, then params.yaml's
     per_variant = [_variant_params(merged.pop("variant_params", None), f"preset {preset}"),
                    _variant_params(params.get("variant_params"), "params")]
@@ -147,7 +150,7 @@ def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
             raise FSCILError(f"params: {name} must be a mapping")
         merged.setdefault(name, {})
         merged[name].update({k: v for k, v in section.items() if v is not None})
-    variant = params.get("variant")
+    variant = params.get("variant") or preset_variant
     # a named ablation row (pipeline/variants/<name>.yaml) is what its name says: the keys it sets (projector, which
     # losses are off) win over the preset, params.yaml and the values selected for it; every other key comes from them
     own = variant_sections(variant)

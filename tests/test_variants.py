@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import available_presets, available_variants, build_config
+from pipeline.config import PRESET_DIR, available_presets, available_variants, build_config, read_yaml
 from pipeline.errors import FSCILError
 
 ROWS = {  # paper table "ablation": (projector, class-sensitive losses on?)
@@ -31,9 +31,9 @@ def test_ablation_rows_set_projector_and_losses(preset, variant):
     projector, losses_on = ROWS[variant]
     assert cfg.model.projector == projector and cfg.variant == variant
     lambdas = (cfg.incremental.lambda1, cfg.incremental.lambda2, cfg.incremental.lambda3)
-    if losses_on:  # the preset's (selected) weights are kept
-        base = build_config(_params(preset, None))
-        assert lambdas == (base.incremental.lambda1, base.incremental.lambda2, base.incremental.lambda3)
+    if losses_on:  # the preset's (selected) weights are kept: its top-level values (every preset sets them)
+        top = read_yaml(PRESET_DIR / f"{preset}.yaml")["incremental"]
+        assert lambdas == (top["lambda1"], top["lambda2"], top["lambda3"])
         assert cfg.incremental.lambda1 > 0
     else:
         assert lambdas == (0.0, 0.0, 0.0)
@@ -114,3 +114,15 @@ def test_bad_variant_params_name_the_key(values, needle):
         build_config({**_params("synthetic", None), "variant_params": values})
     with pytest.raises(FSCILError, match="must be > 0"):  # the same when that variant is built
         build_config({**_params("synthetic", "linear_ce"), "variant_params": {"linear_ce": {"incremental": {"lr": 0}}}})
+
+
+def test_a_preset_runs_the_variant_it_names_when_params_name_none():
+    """omniglot's selection chose row 3 (dual_ssm, the loss switched off): with no variant in params its stages run
+    that row with the values selected for it, so `dvc repro` gives the selected method; a variant in params wins."""
+    plain, dual = (build_config(_params("omniglot", v)) for v in (None, "dual_ssm"))
+    assert plain.variant == "dual_ssm" and plain.to_dict() == dual.to_dict()
+    assert plain.model.out_norm and plain.incremental.inc_init == "base" and plain.incremental.vertex_match
+    assert (plain.incremental.lambda1, plain.incremental.lambda3) == (0.0, 0.0)
+    full = build_config(_params("omniglot", "mamba_fscil"))
+    assert full.variant == "mamba_fscil" and full.incremental.lambda1 == 30.0
+    assert build_config(_params("synthetic", None)).variant is None  # the default runs its top-level values
