@@ -36,15 +36,10 @@ def _digest(values: dict) -> str:
 
 
 def run_key(cfg: Config) -> str:
-    """A study run's key: its variant, seed and every value it reads (a changed one is a new run); the `selection`
-    section, which no run reads, is left out, so new selection candidates keep the stored runs."""
-    values = {name: value for name, value in cfg.to_dict(for_digest=True).items() if name != "selection"}
-    return f"{cfg.variant}/s{cfg.seed}/{_digest(values)}"
-
-
-def content_key(cfg: Config) -> str:
-    """What a run computes: its seed and every value it reads, without the variant's name. Two variants that resolve
-    to the same values (e.g. `dual_ssm_supp` and `mamba_fscil` when lambda3 is 0) give the same run, trained once."""
+    """A study run's key: its seed and every value it reads (a changed one is a new run), not the variant's name, so
+    two variants that resolve to the same values (`dual_ssm_supp` and `mamba_fscil` when lambda3 is 0) are one run,
+    trained once; the `selection` section, which no run reads, is left out, so new selection candidates keep the
+    stored runs."""
     values = {name: value for name, value in cfg.to_dict(for_digest=True).items()
               if name not in ("selection", "variant")}
     return f"s{cfg.seed}/{_digest(values)}"
@@ -73,13 +68,8 @@ def _pack(cfg: Config, work: Path) -> Path:
 
 def _run(cfg: Config, variant: str, seed: int, work: Path, scratch: Path) -> dict:
     """One study run's record: its per-session table (base models shared in work/bases)."""
-    return {"variant": variant, "seed": seed, "content": content_key(cfg),
+    return {"variant": variant, "seed": seed,
             "table": run_candidate(cfg, _pack(cfg, work), scratch, work / "bases")["table"]}
-
-
-def _same_run(runs: dict, content: str) -> str | None:
-    """The key of a stored, finished run of another variant that computes the same thing (see `content_key`)."""
-    return next((key for key, run in runs.items() if run.get("content") == content and "table" in run), None)
 
 
 def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out_dir: Path,
@@ -98,12 +88,10 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
     if stored:  # keyed by every value a run reads, not by the code: after a code change, start from a new folder
         say(f"study: reusing {stored} of {len(keys)} runs stored in {work} "
             "(made by the code of then; delete the folder to recompute them)")
+    first: dict[str, str] = {}  # run key -> the variant of this study that named it first
     for (variant, seed, cfg), key in zip(plan, keys, strict=True):
-        same = None if key in runs else _same_run(runs, content_key(cfg))
-        if same is not None:  # the same values under another variant's name: its result, under this name
-            runs[key] = {**runs[same], "variant": variant, "same_as": same}
-            atomic_write_text(runs_path, json.dumps(runs, indent=2) + "\n")
-            say(f"{variant} seed {seed}: the same run as {runs[same]['variant']} (every value it reads is equal)")
+        if first.setdefault(key, variant) != variant:
+            say(f"{variant} seed {seed}: the same run as {first[key]} (every value it reads is equal)")
         # a diverged run is a result too: kept, counted, not averaged
         run_once(runs, key, runs_path, work / "sessions", functools.partial(_run, cfg, variant, seed, work),
                  diverged={"variant": variant, "seed": seed})
@@ -113,13 +101,15 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
         table = pd.DataFrame(runs[key]["table"])
         say(f"{variant} seed {seed}: AVG {table['acc'].mean():.2f} final {table['acc'].iloc[-1]:.2f} "
             f"(prototype AVG {table['proto_backbone_acc'].mean():.2f})")
-    done = [k for k in keys if "table" in runs[k]]
+    # each (variant, seed) takes its run's record under its own name (a record shared by two names says the first)
+    named = [(variant, seed, runs[key]) for (variant, seed, _), key in zip(plan, keys, strict=True)]
+    done = [(variant, seed, run) for variant, seed, run in named if "table" in run]
     if not done:
-        raise FSCILError(f"study: every run diverged (first: {runs[keys[0]]['variant']} seed {runs[keys[0]]['seed']}, "
-                         f"{runs[keys[0]]['diverged']}); nothing written to {out_dir}")
-    sessions = pd.concat([pd.DataFrame(runs[k]["table"]).assign(variant=runs[k]["variant"], seed=runs[k]["seed"])
-                          for k in done], ignore_index=True)
-    diverged = {(runs[k]["variant"], runs[k]["seed"]): runs[k]["diverged"] for k in keys if "diverged" in runs[k]}
+        raise FSCILError(f"study: every run diverged (first: {named[0][0]} seed {named[0][1]}, "
+                         f"{named[0][2]['diverged']}); nothing written to {out_dir}")
+    sessions = pd.concat([pd.DataFrame(run["table"]).assign(variant=variant, seed=seed) for variant, seed, run in done],
+                         ignore_index=True)
+    diverged = {(variant, seed): run["diverged"] for variant, seed, run in named if "diverged" in run}
     write_study(sessions, out_dir, variants, diverged)
     return sessions
 
