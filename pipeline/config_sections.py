@@ -221,6 +221,10 @@ class BaseConfig(SectionConfig):
     checkpoint_every: int = 1
     """Write a resumable checkpoint every this many epochs."""
     eval_batch_size: int = 256
+    backbone_ce: float = added_field(0.0)
+    """Weight of an auxiliary cross-entropy loss on a linear head over the backbone's pooled map, added to the DR
+    loss during base training and discarded after it (ours; 0: off, the paper's base training). What it is for: the
+    class means of a cross-entropy-trained backbone were the strongest simple baseline on both benchmarks (README)."""
 
     def __post_init__(self):
         self.check_types()
@@ -228,7 +232,7 @@ class BaseConfig(SectionConfig):
             check(getattr(self, key) >= 1, "base", key, "must be >= 1")
         check(self.lr > 0, "base", "lr", "must be > 0")
         check(self.dr_scale > 0, "base", "dr_scale", "must be > 0")
-        for key in ("weight_decay", "mixup_alpha", "cutmix_alpha", *LAST_EPOCHS_KEYS):
+        for key in ("weight_decay", "backbone_ce", "mixup_alpha", "cutmix_alpha", *LAST_EPOCHS_KEYS):
             check(getattr(self, key) >= 0, "base", key, "must be >= 0")
         check(0 <= self.mix_prob <= 1, "base", "mix_prob", "must be in [0, 1]")
         for key in LAST_EPOCHS_KEYS:  # a preset's count must not swallow a shorter training

@@ -13,7 +13,7 @@ from pipeline.errors import FSCILError
 
 # the base.<key>s the base stage of `fscil select` may choose, in this order (selection.base_<key> lists candidates)
 BASE_SELECTION_KEYS = ("epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha", "cutmix_alpha", "mix_prob",
-                       "unmixed_epochs", "unaugmented_epochs", "precise_bn")
+                       "unmixed_epochs", "unaugmented_epochs", "precise_bn", "backbone_ce")
 # the session schedule and training-set keys its schedule stage may choose, (section, key) in this order (the selection
 # field is named as the key): the memory before what is built from it (replay and copy act on the earlier classes'
 # memory rows, base_copy repeats the base classes' rows, so its best value depends on how many rows a class keeps)
@@ -71,6 +71,9 @@ class SelectionConfig(SectionConfig):
     """Base stage candidates of base.unaugmented_epochs (empty: keep the configured value)."""
     base_precise_bn: list[bool] = field(default_factory=list)
     """Base stage candidates of base.precise_bn (empty: keep the configured value)."""
+    base_backbone_ce: list[float] = field(default_factory=list)
+    """Base stage candidates of base.backbone_ce (0: no auxiliary cross-entropy on the backbone; empty: keep the
+    configured value)."""
     lr: list[float] = field(default_factory=list)
     """Stage 0 candidates of incremental.lr (empty: keep the configured value; not in the paper's list: a variant
     whose head or frozen parts change what the sessions train, e.g. linear + CE, may need its own)."""

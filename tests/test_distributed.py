@@ -164,11 +164,12 @@ E2E_TOL = 1e-5
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-@pytest.mark.parametrize("precise_bn", [False, True], ids=["running-bn", "precise-bn"])
-def test_base_stage_depends_on_the_global_batch_not_the_process_count(tmp_path, precise_bn):
+@pytest.mark.parametrize("extra", [{}, {"precise_bn": True}, {"backbone_ce": 1.0}],
+                         ids=["running-bn", "precise-bn", "backbone-ce"])
+def test_base_stage_depends_on_the_global_batch_not_the_process_count(tmp_path, extra):
     # two processes need two GPUs (one each); with fewer the comparison runs on the CPU (gloo)
     device = TEST_DEVICE if TEST_DEVICE == "cpu" or torch.cuda.device_count() >= 2 else "cpu"
-    params = write_params(tmp_path / "params.yaml", device=device, base={**E2E_BASE, "precise_bn": precise_bn})
+    params = write_params(tmp_path / "params.yaml", device=device, base={**E2E_BASE, **extra})
     one, two = tmp_path / "one", tmp_path / "two"
     run_stage("prepare", params, one)
     shutil.copytree(one, two)
@@ -198,7 +199,7 @@ def test_base_stage_depends_on_the_global_batch_not_the_process_count(tmp_path, 
     m1 = json.loads((StagePaths(one).base / "metrics.json").read_text())
     m2 = json.loads((StagePaths(two).base / "metrics.json").read_text())
     assert (m1["world_size"], m2["world_size"]) == (1, 2)
-    assert m1["precise_bn_layers"] == m2["precise_bn_layers"] == (16 if precise_bn else 0)
+    assert m1["precise_bn_layers"] == m2["precise_bn_layers"] == (16 if extra.get("precise_bn") else 0)
     assert m1["acc"] == m2["acc"] and m1["per_class_acc"] == m2["per_class_acc"] and m1["steps"] == m2["steps"] == 9
     assert m2["train_loss"] == pytest.approx(m1["train_loss"], abs=E2E_TOL, rel=0)
     assert not (StagePaths(two).base_checkpoints).exists()  # rank 0 cleaned up; rank 1 wrote nothing

@@ -26,7 +26,7 @@ from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.device import resolve_device
 from pipeline.errors import FSCILError, TrainingDiverged
-from pipeline.losses.classification import mixed_loss
+from pipeline.losses.classification import cross_entropy_loss, mixed_loss
 from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.seeding import BASE_EPOCH_ORDER, BASE_STEP_AUGMENT, seeded_generator
@@ -44,30 +44,55 @@ from pipeline.training.precise_bn import recalibrate_batchnorm
 from pipeline.training.schedule import set_lr, warmup_cosine
 
 RESUME_FILE = "resume.safetensors"
+AUX_PREFIX = "aux_head."  # base.backbone_ce's head in the resumable checkpoint (never in the saved base model)
 
 
 class _BaseNet(nn.Module):
-    """What DDP wraps: images -> logits over the base classes (base mode)."""
+    """What DDP wraps: images -> (logits over the base classes (base mode), the auxiliary head's logits on the
+    backbone's pooled map or None when base.backbone_ce is 0)."""
 
-    def __init__(self, model: FSCILModel, num_base: int):
+    def __init__(self, model: FSCILModel, num_base: int, aux_head: nn.Linear | None):
         super().__init__()
-        self.model, self.num_base = model, num_base
+        self.model, self.num_base, self.aux_head = model, num_base, aux_head
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x, self.num_base, mode="base")
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        f = self.model.forward_features(x)
+        logits = self.model.forward_head(f, self.num_base, mode="base")[0]
+        return logits, (self.aux_head(f.mean(dim=(2, 3))) if self.aux_head is not None else None)
 
 
-def _optimizer(model: FSCILModel, cfg) -> torch.optim.SGD:
+def backbone_ce_head(model: FSCILModel, num_base: int, weight: float) -> nn.Linear | None:
+    """The linear head of base.backbone_ce (ours) on the backbone's pooled map, zero-initialised (deterministic, and
+    its first gradient reaches only itself); None when the weight is 0. It lives only during base training."""
+    if weight == 0:
+        return None
+    head = nn.Linear(model.backbone.out_channels, num_base)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    return head
+
+
+def _trained_parameters(model: FSCILModel, aux_head: nn.Linear | None) -> dict[str, nn.Parameter]:
+    """Every parameter base training may update, by the name its checkpoint keys use (the auxiliary head's under
+    AUX_PREFIX, outside the saved model)."""
+    named = dict(model.named_parameters())
+    if aux_head is not None:
+        named.update({AUX_PREFIX + n: p for n, p in aux_head.named_parameters()})
+    return named
+
+
+def _optimizer(model: FSCILModel, aux_head: nn.Linear | None, cfg) -> torch.optim.SGD:
     backbone = [p for p in model.backbone.parameters() if p.requires_grad]
-    rest = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("backbone.")]
+    rest = [p for n, p in _trained_parameters(model, aux_head).items()
+            if p.requires_grad and not n.startswith("backbone.")]
     groups = [{"params": rest, "initial_lr": cfg.base.lr}]
     if backbone:
         groups.append({"params": backbone, "initial_lr": cfg.base.lr * cfg.base.backbone_lr_scale})
     return torch.optim.SGD(groups, lr=cfg.base.lr, momentum=cfg.base.momentum, weight_decay=cfg.base.weight_decay)
 
 
-def _optimizer_tensors(opt: torch.optim.SGD, model: FSCILModel) -> dict[str, torch.Tensor]:
-    names = {id(p): n for n, p in model.named_parameters()}
+def _optimizer_tensors(opt: torch.optim.SGD, params: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
+    names = {id(p): n for n, p in params.items()}
     out = {}
     for group in opt.param_groups:
         for p in group["params"]:
@@ -77,8 +102,7 @@ def _optimizer_tensors(opt: torch.optim.SGD, model: FSCILModel) -> dict[str, tor
     return out
 
 
-def _load_optimizer(opt: torch.optim.SGD, model: FSCILModel, tensors: dict[str, torch.Tensor]) -> None:
-    params = dict(model.named_parameters())
+def _load_optimizer(opt: torch.optim.SGD, params: dict[str, nn.Parameter], tensors: dict[str, torch.Tensor]) -> None:
     for key, value in tensors.items():
         if key.startswith("optim."):
             p = params[key[len("optim."):]]
@@ -99,9 +123,10 @@ def evaluate_images(model: FSCILModel, pack: ImagePack, ids: np.ndarray, num_see
     return predict(lambda x: model(x, num_seen, mode=mode), batches)
 
 
-def _resume(ckpt: Path, meta: dict, model: FSCILModel, opt: torch.optim.SGD) -> tuple[int, list]:
+def _resume(ckpt: Path, meta: dict, model: FSCILModel, aux_head: nn.Linear | None,
+            opt: torch.optim.SGD) -> tuple[int, list]:
     """(first epoch, loss history) from the resumable checkpoint when it belongs to this config and pack, else
-    (0, []); loads the model and optimizer state in place."""
+    (0, []); loads the model, the auxiliary head and the optimizer state in place."""
     if not ckpt.is_file():
         return 0, []
     stored = read_metadata(ckpt)
@@ -109,7 +134,9 @@ def _resume(ckpt: Path, meta: dict, model: FSCILModel, opt: torch.optim.SGD) -> 
         return 0, []
     tensors, stored = load_checkpoint(ckpt)
     model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    _load_optimizer(opt, model, tensors)
+    if aux_head is not None:
+        aux_head.load_state_dict({k[len(AUX_PREFIX):]: v for k, v in tensors.items() if k.startswith(AUX_PREFIX)})
+    _load_optimizer(opt, _trained_parameters(model, aux_head), tensors)
     return int(stored["epoch"]), list(stored["history"])
 
 
@@ -140,6 +167,16 @@ def _write_base_model(out_dir: Path, model: FSCILModel, cfg, pack: ImagePack, in
         "num_classes": pack.protocol.num_classes, "seed": cfg.seed,
     })
     (out_dir / "metrics.json").write_text(json.dumps(result, indent=2))
+
+
+def base_loss(head, base_cfg, logits: torch.Tensor, aux_logits: torch.Tensor | None, y_a: torch.Tensor,
+              y_b: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """One batch's loss of eq. optim_base: the head's loss on the mixed targets (DR x base.dr_scale for the ETF head),
+    plus base.backbone_ce x cross-entropy of the auxiliary head on the same targets (ours; aux_logits None: off)."""
+    loss = mixed_loss(head.loss, logits, y_a, y_b, lam, scale=head.loss_scale(base_cfg.dr_scale))
+    if aux_logits is not None:
+        loss = loss + mixed_loss(cross_entropy_loss, aux_logits, y_a, y_b, lam, scale=base_cfg.backbone_ce)
+    return loss
 
 
 def not_learning(epoch_losses: list[float]) -> bool:
@@ -174,18 +211,20 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
         model.backbone.freeze_for_base_training()
         if model.projector.g_inc is not None:
             model.projector.g_inc.requires_grad_(False)  # trained from session 1 on
-        net: nn.Module = _BaseNet(model, num_base)
+        aux_head = backbone_ce_head(model, num_base, cfg.base.backbone_ce)
+        if aux_head is not None:
+            aux_head.to(device)
+        net: nn.Module = _BaseNet(model, num_base, aux_head)
         if group.world_size > 1:
             convert_global_batchnorm(model)
             net = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
-        opt = _optimizer(model, cfg)
+        opt = _optimizer(model, aux_head, cfg)
         head = HEADS[cfg.model.classifier]
-        loss_fn, scale = head.loss, head.loss_scale(cfg.base.dr_scale)
         steps_per_epoch = len(train_ids) // batch
         total_steps = cfg.base.epochs * steps_per_epoch
         meta = {"kind": "base-resume", "config": config_digest(cfg), "data": pack.content_hash}
         ckpt = Path(checkpoint_dir) / RESUME_FILE
-        start_epoch, history = _resume(ckpt, meta, model, opt)
+        start_epoch, history = _resume(ckpt, meta, model, aux_head, opt)
         images = load_base_train_images(pack, train_ids, device)
         targets = labels_all[train_ids].to(device)
         for epoch in range(start_epoch, cfg.base.epochs):
@@ -201,8 +240,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
                 idx = order[i * batch:(i + 1) * batch]
                 gen = seeded_generator(cfg.seed, BASE_STEP_AUGMENT + step, device)
                 x, y_a, y_b, lam = _base_batch(images[idx], targets[idx], num_base, preset, cfg.base, epoch, gen)
-                logits = net(x[local])
-                loss = mixed_loss(loss_fn, logits, y_a[local], y_b[local], lam[local], scale=scale)
+                loss = base_loss(head, cfg.base, *net(x[local]), y_a[local], y_b[local], lam[local])
                 # the global-batch loss (mean of the equal slices' means): every process logs and checks the same one
                 global_loss = all_reduce_sum(loss.detach(), group) / group.world_size
                 if not torch.isfinite(global_loss):
@@ -217,7 +255,9 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
             done = epoch + 1
             if group.is_main and (done % cfg.base.checkpoint_every == 0 or done == cfg.base.epochs):
                 tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
-                tensors.update(_optimizer_tensors(opt, model))
+                if aux_head is not None:
+                    tensors.update({AUX_PREFIX + k: v for k, v in aux_head.state_dict().items()})
+                tensors.update(_optimizer_tensors(opt, _trained_parameters(model, aux_head)))
                 save_checkpoint(ckpt, tensors, {**meta, "epoch": done, "history": history})
             barrier(group)
             if stop_after_epoch is not None and done >= stop_after_epoch:
