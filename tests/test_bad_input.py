@@ -47,6 +47,7 @@ def _assert_one_line_error(result, *needles: str) -> None:
     ("base", {"epochs": 10, "unaugmented_epochs": 11}, ["base.unaugmented_epochs", "<= base.epochs (10)"]),
     ("base", {"epochs": 10, "unmixed_epochs": 20}, ["base.unmixed_epochs", "<= base.epochs (10)"]),
     ("base", {"backbone_ce": -1.0}, ["base.backbone_ce", ">= 0"]),
+    ("base", {"backbone_lr_scale": -0.1}, ["base.backbone_lr_scale", ">= 0"]),
     ("selection", {"base_epochs": [100, 0]}, ["selection.base_epochs", "lists 0", "base.epochs", ">= 1"]),
     ("selection", {"base_cutmix_alpha": [1.0, -0.5]}, ["selection.base_cutmix_alpha", ">= 0"]),
     ("selection", {"base_mix_prob": [0.5, 1.5]}, ["selection.base_mix_prob", "[0, 1]"]),
