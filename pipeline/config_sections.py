@@ -233,7 +233,8 @@ class BaseConfig(SectionConfig):
             check(getattr(self, key) >= 1, "base", key, "must be >= 1")
         check(self.lr > 0, "base", "lr", "must be > 0")
         check(self.dr_scale > 0, "base", "dr_scale", "must be > 0")
-        for key in ("backbone_lr_scale", "weight_decay", "backbone_ce", "mixup_alpha", "cutmix_alpha", *LAST_EPOCHS_KEYS):
+        for key in ("backbone_lr_scale", "weight_decay", "backbone_ce", "mixup_alpha", "cutmix_alpha",
+                    *LAST_EPOCHS_KEYS):
             check(getattr(self, key) >= 0, "base", key, "must be >= 0")
         check(0 <= self.mix_prob <= 1, "base", "mix_prob", "must be in [0, 1]")
         for key in LAST_EPOCHS_KEYS:  # a preset's count must not swallow a shorter training
