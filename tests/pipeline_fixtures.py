@@ -8,10 +8,13 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
+from pipeline.config_sections import ModelConfig
 from stages.cli import app
 
 # the stage tests run on the CPU; FSCIL_TEST_DEVICE=cuda runs them on a GPU (the same assertions)
 TEST_DEVICE = os.environ.get("FSCIL_TEST_DEVICE", "cpu")
+# the smallest network the tests build: a slim ResNet-12, D' 16, d_state 4
+TINY_MODEL = {"backbone_widths": [8, 8, 16, 16], "dim": 16, "d_state": 4, "dt_rank": 4}
 TINY_PARAMS = {
     "preset": "synthetic",
     "variant": None,
@@ -21,7 +24,7 @@ TINY_PARAMS = {
     "threads": 2,
     "data": {"base_classes": 8, "ways": 2, "shots": 2, "sessions": 3, "train_per_class": 12,
              "novel_pool_per_class": 4, "test_per_class": 4},
-    "model": {"backbone_widths": [8, 8, 16, 16], "dim": 16, "d_state": 4, "dt_rank": 4, "k_paths": 4},
+    "model": {**TINY_MODEL, "k_paths": 4},
     "base": {"epochs": 3, "batch_size": 32, "lr": 0.1, "warmup_steps": 1, "checkpoint_every": 1,
              "eval_batch_size": 64},
     "extract": {"batch_size": 64, "augmented_views": 1, "chunk_samples": 16},
@@ -29,6 +32,10 @@ TINY_PARAMS = {
                     "mixup_prob": 0.5, "eval_batch_size": 64},
 }
 NUM_SESSIONS = 3
+
+
+def tiny_model_config() -> ModelConfig:
+    return ModelConfig(**TINY_MODEL)
 runner = CliRunner()
 
 

@@ -9,18 +9,18 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from pipeline.config import load_config
-from pipeline.config_sections import BaseConfig, ModelConfig
+from pipeline.config_sections import BaseConfig
 from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import build_model
 from pipeline.selection import with_values
 from pipeline.training.base_model import config_digest
 from pipeline.training.base_session import AUX_PREFIX, RESUME_FILE, _BaseNet, backbone_ce_head, base_loss, train_base
 from pipeline.training.checkpoint import load_checkpoint
-from tests.pipeline_fixtures import write_params
+from tests.pipeline_fixtures import tiny_model_config, write_params
 
 
 def _tiny_model():
-    return build_model(ModelConfig(backbone_widths=[8, 8, 16, 16], dim=16, d_state=4, dt_rank=4), 10, 32, seed=0)
+    return build_model(tiny_model_config(), 10, 32, seed=0)
 
 
 def test_loss_is_the_dr_loss_plus_the_weighted_cross_entropy_of_the_mixed_targets():

@@ -2,12 +2,12 @@
 
 import torch
 
-from pipeline.config_sections import ModelConfig
 from pipeline.models.fscil import build_model
+from tests.pipeline_fixtures import tiny_model_config
 
 
 def test_freeze_base_stops_gradients_and_batchnorm_updates():
-    cfg = ModelConfig(backbone_widths=[8, 8, 16, 16], dim=16, d_state=4, dt_rank=4)
+    cfg = tiny_model_config()
     model = build_model(cfg, num_classes=12, input_size=32, seed=0)
     model.freeze_base()
     model.train()
@@ -29,7 +29,7 @@ def test_freeze_base_stops_gradients_and_batchnorm_updates():
 
 
 def test_build_model_is_seeded():
-    cfg = ModelConfig(backbone_widths=[8, 8, 16, 16], dim=16, d_state=4, dt_rank=4)
+    cfg = tiny_model_config()
     a, b = build_model(cfg, 12, 32, seed=3).state_dict(), build_model(cfg, 12, 32, seed=3).state_dict()
     c = build_model(cfg, 12, 32, seed=4).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -11,7 +11,6 @@ from safetensors.torch import load_file
 from torch import nn
 
 from pipeline.config import load_config
-from pipeline.config_sections import ModelConfig
 from pipeline.data.augment import test_transform
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
@@ -19,11 +18,11 @@ from pipeline.models.backbones.resnet18 import ResNet18
 from pipeline.models.fscil import build_model
 from pipeline.training.base_session import train_base
 from pipeline.training.precise_bn import recalibrate_batchnorm
-from tests.pipeline_fixtures import write_params
+from tests.pipeline_fixtures import tiny_model_config, write_params
 
 
 def _slim_backbone() -> nn.Module:
-    model = build_model(ModelConfig(backbone_widths=[8, 8, 16, 16], dim=16, d_state=4, dt_rank=4), 10, 32, seed=0)
+    model = build_model(tiny_model_config(), 10, 32, seed=0)
     return model.backbone
 
 
