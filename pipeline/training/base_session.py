@@ -62,11 +62,12 @@ class _BaseNet(nn.Module):
 
 
 def backbone_ce_head(model: FSCILModel, num_base: int, weight: float) -> nn.Linear | None:
-    """The linear head of base.backbone_ce (ours) on the backbone's pooled map, zero-initialised (deterministic, and
-    its first gradient reaches only itself); None when the weight is 0. It lives only during base training."""
+    """The linear head of base.backbone_ce (ours) on the backbone's pooled map, on the model's device and
+    zero-initialised (deterministic, and its first gradient reaches only itself); None when the weight is 0. It lives
+    only during base training."""
     if weight == 0:
         return None
-    head = nn.Linear(model.backbone.out_channels, num_base)
+    head = nn.Linear(model.backbone.out_channels, num_base, device=next(model.parameters()).device)
     nn.init.zeros_(head.weight)
     nn.init.zeros_(head.bias)
     return head
@@ -212,8 +213,6 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
         if model.projector.g_inc is not None:
             model.projector.g_inc.requires_grad_(False)  # trained from session 1 on
         aux_head = backbone_ce_head(model, num_base, cfg.base.backbone_ce)
-        if aux_head is not None:
-            aux_head.to(device)
         net: nn.Module = _BaseNet(model, num_base, aux_head)
         if group.world_size > 1:
             convert_global_batchnorm(model)
