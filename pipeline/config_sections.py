@@ -12,7 +12,7 @@ from pipeline.config_fields import SectionConfig, added_field, check, fail
 from pipeline.data.cec_splits import BENCHMARKS
 from pipeline.data.checksums import digest_algorithm
 from pipeline.data.presets import PRESETS
-from pipeline.data.synthetic import COLOURS, SHAPES, TEXTURES
+from pipeline.data.synthetic import COLOURS, NOVEL_SHAPES, SHAPES, TEXTURES
 from pipeline.errors import FSCILError
 
 DATASETS = ("synthetic", "cifar100", "mini_imagenet", "cub200", "class_folder", "omniglot")
@@ -70,6 +70,10 @@ class DataConfig(SectionConfig):
     """synthetic: test images per class."""
     seed: int = 0
     """Seed of the synthetic images and of generated protocols."""
+    novel_shapes: int = added_field(0)
+    """synthetic: 0 (the default benchmark: every class a combination of the six base shape families, colour and
+    texture), or 1-4: the incremental classes take that many shape families no base class has (the base classes and
+    base images stay those of 0); each family gives 18 classes."""
 
     def __post_init__(self) -> None:
         self.check_types()
@@ -98,10 +102,20 @@ class DataConfig(SectionConfig):
             except FSCILError:
                 _fail_data(f"checksums.{rel}", f"must be a hex md5 or sha256, got {digest!r}")
         base, ways, shots, sessions = self.protocol_shape()
+        if self.novel_shapes and self.dataset != "synthetic":
+            _fail_data("novel_shapes", f"applies to dataset synthetic only, got dataset {self.dataset!r}")
+        if not 0 <= self.novel_shapes <= len(NOVEL_SHAPES):
+            _fail_data("novel_shapes", f"must be 0..{len(NOVEL_SHAPES)}, got {self.novel_shapes}")
         if self.dataset == "synthetic":
-            if base + ways * sessions > MAX_SYNTHETIC_CLASSES:
+            novel = ways * sessions
+            family = len(COLOURS) * len(TEXTURES)  # classes per shape family
+            if not self.novel_shapes and base + novel > MAX_SYNTHETIC_CLASSES:
                 _fail_data("base_classes", f"+ ways x sessions must be <= {MAX_SYNTHETIC_CLASSES} for synthetic, "
-                      f"got {base + ways * sessions}")
+                           f"got {base + novel}")
+            if self.novel_shapes and (base > MAX_SYNTHETIC_CLASSES or novel > family * self.novel_shapes):
+                _fail_data("novel_shapes", f"{self.novel_shapes} gives at most {family * self.novel_shapes} "
+                           f"incremental classes (and {MAX_SYNTHETIC_CLASSES} base); the protocol needs {novel} "
+                           f"incremental and {base} base classes")
             if self.novel_pool_per_class < shots:
                 _fail_data("novel_pool_per_class", f"must be >= shots ({shots}), got {self.novel_pool_per_class}")
 

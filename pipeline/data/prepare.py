@@ -35,7 +35,8 @@ def _synthetic(cfg: DataConfig) -> PackContent:
     base, ways, shots, sessions = cfg.protocol_shape()
     spec = SyntheticSpec(base_classes=base, ways=ways, shots=shots, sessions=sessions,
                          train_per_class=cfg.train_per_class, novel_pool_per_class=cfg.novel_pool_per_class,
-                         test_per_class=cfg.test_per_class, image_size=cfg.resolved_image_size, seed=cfg.seed)
+                         test_per_class=cfg.test_per_class, image_size=cfg.resolved_image_size, seed=cfg.seed,
+                         novel_shapes=cfg.novel_shapes)
     content = synthetic_pack_content(spec, preset=cfg.dataset)
     content.provenance.update(_config_provenance(cfg))
     return content

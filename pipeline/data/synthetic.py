@@ -3,7 +3,11 @@
 A class is a combination of three attributes: a shape family (disc, square, triangle, ring, cross,
 semicircle), a colour (six hues 60 degrees apart) and a texture (solid, stripes, checker); 6 x 6 x 3 = 108
 combinations, of which a seeded permutation picks the classes and their order. Classes therefore come in
-families sharing one or two attributes: distinct, but confusable. Within a class, images vary in position,
+families sharing one or two attributes: distinct, but confusable. With `novel_shapes` n > 0 the incremental classes
+instead take n shape families no base class has (star, crescent, bar, ell), in the six colours and three textures:
+each novel class then brings a shape the base session never showed, as a new character or species does in real
+FSCIL benchmarks, while the base classes (and every base image) stay those of n = 0. Within a class, images vary in
+position,
 scale, rotation, hue/saturation/value, stripe period and phase, background (a random two-colour gradient),
 distractors (three small solid shapes of any family and colour) and pixel noise.
 
@@ -27,6 +31,7 @@ from pipeline.data.protocol import FSCILProtocol, Session
 from pipeline.errors import FSCILError
 
 SHAPES = ("disc", "square", "triangle", "ring", "cross", "semicircle")
+NOVEL_SHAPES = ("star", "crescent", "bar", "ell")  # only incremental classes, and only with novel_shapes > 0
 COLOURS = ("red", "yellow", "green", "cyan", "blue", "magenta")  # hues 0, 60, ..., 300 degrees
 TEXTURES = ("solid", "stripes", "checker")
 RENDER_CHUNK = 512
@@ -45,24 +50,43 @@ class SyntheticSpec:
     test_per_class: int = 40
     image_size: int = 32
     seed: int = 0
+    novel_shapes: int = 0  # incremental classes in shape families no base class has (0: the default benchmark)
 
     @property
     def num_classes(self) -> int:
         return self.base_classes + self.ways * self.sessions
 
 
-def class_attributes(num_classes: int, seed: int) -> np.ndarray:
-    """(num_classes, 3) int (shape, colour, texture) indices: a seeded choice and order of the 108 combinations."""
-    combos = np.array([(s, c, t) for s in range(len(SHAPES)) for c in range(len(COLOURS))
-                       for t in range(len(TEXTURES))])
-    if num_classes > len(combos):
-        raise FSCILError(f"synthetic: at most {len(combos)} classes, asked for {num_classes}")
+def class_attributes(num_classes: int, seed: int, base_classes: int | None = None,
+                     novel_shapes: int = 0) -> np.ndarray:
+    """(num_classes, 3) int (shape, colour, texture) indices: a seeded choice and order of the 108 combinations.
+
+    novel_shapes n > 0: the first `base_classes` rows are those of n = 0 and the rest a seeded choice of the
+    combinations of the n families of NOVEL_SHAPES (shape indices 6, 7, ...), so no base class shares a novel
+    class's shape."""
+    combos = _combinations(range(len(SHAPES)))
     rng = np.random.default_rng([seed, 1])
-    return combos[rng.permutation(len(combos))[:num_classes]]
+    if novel_shapes == 0:
+        if num_classes > len(combos):
+            raise FSCILError(f"synthetic: at most {len(combos)} classes, asked for {num_classes}")
+        return combos[rng.permutation(len(combos))[:num_classes]]
+    novel = _combinations(range(len(SHAPES), len(SHAPES) + novel_shapes))
+    if base_classes is None or not 0 < novel_shapes <= len(NOVEL_SHAPES):
+        raise FSCILError(f"synthetic: novel_shapes must be 0..{len(NOVEL_SHAPES)} and needs base_classes")
+    if base_classes > len(combos) or num_classes - base_classes > len(novel):
+        raise FSCILError(f"synthetic: with novel_shapes {novel_shapes}, at most {len(combos)} base and "
+                         f"{len(novel)} incremental classes, asked for {base_classes} and {num_classes - base_classes}")
+    base = combos[rng.permutation(len(combos))[:base_classes]]
+    order = np.random.default_rng([seed, 4]).permutation(len(novel))[:num_classes - base_classes]
+    return np.concatenate([base, novel[order]])
+
+
+def _combinations(shapes: range) -> np.ndarray:
+    return np.array([(s, c, t) for s in shapes for c in range(len(COLOURS)) for t in range(len(TEXTURES))])
 
 
 def class_names(attributes: np.ndarray) -> list[str]:
-    return [f"{SHAPES[s]}-{COLOURS[c]}-{TEXTURES[t]}" for s, c, t in attributes]
+    return [f"{(SHAPES + NOVEL_SHAPES)[s]}-{COLOURS[c]}-{TEXTURES[t]}" for s, c, t in attributes]
 
 
 def _hsv_to_rgb(h: np.ndarray, s: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -75,7 +99,8 @@ def _hsv_to_rgb(h: np.ndarray, s: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 def _sdf(shape: np.ndarray, px: np.ndarray, py: np.ndarray) -> np.ndarray:
-    """Signed distance (in object radii, negative inside) of each sample's shape family; px, py: (B, S, S)."""
+    """Signed distance (in object radii, negative inside) of each sample's shape family; px, py: (B, S, S).
+    The NOVEL_SHAPES families are computed only when a sample has one (the default benchmark never does)."""
     r = np.sqrt(px * px + py * py)
     ax, ay = np.abs(px), np.abs(py)
     families = [
@@ -86,7 +111,18 @@ def _sdf(shape: np.ndarray, px: np.ndarray, py: np.ndarray) -> np.ndarray:
         np.minimum(np.maximum(ax - 1.0, ay - 0.32), np.maximum(ax - 0.32, ay - 1.0)),  # cross
         np.maximum(r - 1.0, -py),                                            # semicircle
     ]
+    if shape.max(initial=0) >= len(SHAPES):
+        families += [
+            r - (0.65 + 0.35 * np.cos(5.0 * np.arctan2(py, px))),            # star (five points; approximate)
+            np.maximum(r - 1.0, 0.8 - np.sqrt((px - 0.5) ** 2 + py * py)),   # crescent: a disc less an offset disc
+            np.maximum(ax - 1.0, ay - 0.3),                                  # bar, 1 x 0.3
+            np.minimum(_box(px + 0.55, py, 0.3, 0.95), _box(px, py - 0.65, 0.85, 0.3)),  # ell
+        ]
     return np.choose(shape[:, None, None], families)
+
+
+def _box(px: np.ndarray, py: np.ndarray, half_x: float, half_y: float) -> np.ndarray:
+    return np.maximum(np.abs(px) - half_x, np.abs(py) - half_y)
 
 
 def _local(grid_x: np.ndarray, grid_y: np.ndarray, cx, cy, radius, angle) -> tuple[np.ndarray, np.ndarray]:
@@ -180,7 +216,7 @@ def synthetic_pack_content(spec: SyntheticSpec, preset: str = "synthetic") -> Pa
     """The synthetic benchmark as PackContent; images are rendered chunk by chunk as the writer consumes them."""
     if spec.novel_pool_per_class < spec.shots or spec.train_per_class < 1 or spec.test_per_class < 1:
         raise FSCILError("synthetic: need train_per_class >= 1, test_per_class >= 1, novel pool >= shots")
-    attributes = class_attributes(spec.num_classes, spec.seed)
+    attributes = class_attributes(spec.num_classes, spec.seed, spec.base_classes, spec.novel_shapes)
     labels, is_test = _layout(spec)
     protocol = synthetic_protocol(spec, labels, is_test)
     protocol.validate(labels, ways=spec.ways, shots=spec.shots)
