@@ -44,8 +44,8 @@ from pipeline.data.protocol import FSCILProtocol
 from pipeline.data.sampling import draw_sessions, split_test
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.report import session_table, summarise, summarise_prototypes
-from pipeline.training.base_model import BASE_MODEL_SECTIONS, MODEL_FILE, config_digest
-from pipeline.training.base_session import train_base
+from pipeline.training.base_model import BASE_MODEL_SECTIONS, MODEL_FILE, base_twin, config_digest
+from pipeline.training.base_session import derive_base_model, train_base
 from pipeline.training.extract import extract_features
 from pipeline.training.incremental_session import train_session
 
@@ -153,23 +153,37 @@ def _key(cfg: Config, sections: tuple[str, ...], pack_hash: str) -> str:
     return hashlib.sha256(f"{pack_hash}:{config_digest(cfg, sections)}".encode()).hexdigest()[:16]
 
 
+def _base_model(cfg: Config, pack_path: Path, pack_hash: str, base_cache: Path) -> Path:
+    """cfg's entry in base_cache, its base model trained once; a projector without g_inc takes its twin's trained base
+    model less g_inc (`base_twin`: single_ssm shares dual_ssm's base training)."""
+    cache = base_cache / _key(cfg, BASE_MODEL_SECTIONS, pack_hash)
+    base_dir = cache / "base"
+    if not (base_dir / MODEL_FILE).is_file():
+        twin = base_twin(cfg)
+        twin_dir = None if twin is None else _base_model(twin, pack_path, pack_hash, base_cache) / "base"
+        with atomic_output(base_dir, directory=True) as tmp:
+            if twin_dir is None:
+                train_base(cfg, pack_path, tmp, cache / "base.resume", show_progress=False)
+            else:
+                derive_base_model(cfg, twin_dir, pack_path, tmp)
+        shutil.rmtree(cache / "base.resume", ignore_errors=True)
+    return cache
+
+
 def run_candidate(cfg: Config, pseudo_pack_path: Path, work_dir: Path, base_cache: Path) -> dict:
     """Train and evaluate `cfg` on an image pack (the pseudo pack, or a real one for studies); returns
     {"avg", "final", "pd", "base", "sessions"} (in %), the prototype baselines' summaries and the session table.
 
     The base model lives in base_cache/<key>/base (key: the pack and the data/model/base sections) and its feature
     stores in base_cache/<key>/stores/<key with extract>, so candidates that differ only in `incremental` share
-    both and candidates that differ in `extract` (the memory) share the base model; the sessions go to `work_dir`.
+    both and candidates that differ in `extract` (the memory) share the base model (single_ssm takes dual_ssm's:
+    `_base_model`); the sessions go to `work_dir`.
     """
     with ImagePack.open(pseudo_pack_path) as pack:
         pack_hash, num_sessions = pack.content_hash, pack.protocol.num_sessions
-    cache = Path(base_cache) / _key(cfg, BASE_MODEL_SECTIONS, pack_hash)
+    cache = _base_model(cfg, pseudo_pack_path, pack_hash, Path(base_cache))
     base_dir = cache / "base"
     store = cache / "stores" / _key(cfg, STORE_SECTIONS, pack_hash) / "features.zarr"
-    if not (base_dir / MODEL_FILE).is_file():
-        with atomic_output(base_dir, directory=True) as tmp:
-            train_base(cfg, pseudo_pack_path, tmp, cache / "base.resume", show_progress=False)
-        shutil.rmtree(cache / "base.resume", ignore_errors=True)
     if not store.exists():
         with atomic_output(store, directory=True) as tmp:
             extract_features(cfg, pseudo_pack_path, base_dir, tmp, show_progress=False)

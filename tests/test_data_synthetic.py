@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline.data.pack import ImagePack
-from pipeline.data.synthetic import COLOURS, SHAPES, TEXTURES, class_attributes, render
+from pipeline.data.synthetic import COLOURS, NOVEL_SHAPES, SHAPES, TEXTURES, class_attributes, render
 from stages.prepare import run
 
 
@@ -86,3 +86,28 @@ def test_protocol_size_is_configurable(tmp_path: Path) -> None:
                   tmp_path / "p.h5")
     assert summary["train_images_per_session"] == [40, 6, 6, 6, 6]
     assert (summary["classes"], summary["image_size"], summary["test_images"]) == (22, 16, 22)
+
+
+def test_novel_shapes_change_only_the_incremental_classes(tmp_path: Path) -> None:
+    """novel_shapes 3: every incremental class has a shape family no base class has, and the base session (classes,
+    images, test images) and the protocol stay exactly those of the default benchmark."""
+    small = {"dataset": "synthetic", "train_per_class": 6, "novel_pool_per_class": 6, "test_per_class": 2}
+    run(small, tmp_path / "plain.h5")
+    run({**small, "novel_shapes": 3}, tmp_path / "novel.h5")
+    attrs = class_attributes(100, seed=0, base_classes=60, novel_shapes=3)
+    np.testing.assert_array_equal(attrs[:60], class_attributes(100, seed=0)[:60])
+    assert (attrs[:60, 0] < len(SHAPES)).all() and set(attrs[60:, 0]) == {6, 7, 8}
+    assert len({tuple(a) for a in attrs}) == 100
+    with ImagePack.open(tmp_path / "plain.h5") as plain, ImagePack.open(tmp_path / "novel.h5") as novel:
+        assert plain.protocol == novel.protocol
+        np.testing.assert_array_equal(plain.labels, novel.labels)
+        base = plain.labels < 60
+        np.testing.assert_array_equal(plain.images[:][base], novel.images[:][base])
+        assert (plain.images[:][~base] != novel.images[:][~base]).any()
+        assert novel.class_names[:60] == plain.class_names[:60]
+        assert {name.split("-")[0] for name in novel.class_names[60:]} == set(NOVEL_SHAPES[:3])
+    # each new family renders differently from every base family under identical nuisance draws
+    shapes = [render(np.array([[s, 0, 0]]), 32, np.random.default_rng(7))[0].astype(np.float32) / 255
+              for s in range(len(SHAPES) + len(NOVEL_SHAPES))]
+    for new in range(len(SHAPES), len(shapes)):
+        assert min((np.abs(shapes[new] - shapes[old]).max(-1) > 0.1).sum() for old in range(new)) >= 10

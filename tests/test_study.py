@@ -8,10 +8,17 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
+import pipeline.selection as selection
 import pipeline.study as study
+from pipeline.config import build_config
+from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.study import prototype_label, run_scores, study_table, table_markdown
+from pipeline.training.base_model import MODEL_FILE, base_twin
+from pipeline.training.base_session import derive_base_model, train_base
+from pipeline.training.checkpoint import load_checkpoint
 from tests.pipeline_fixtures import TINY_PARAMS
 
 
@@ -110,6 +117,40 @@ def test_variants_that_resolve_to_the_same_values_are_trained_once(tmp_path, mon
     assert trained == ["mamba_fscil"]  # dual_ssm_supp still reads lambda3 0 (its own key): the stored copy serves
 
 
+def test_single_ssm_takes_dual_ssms_base_model_less_g_inc(tmp_path, monkeypatch):
+    """The two projectors' base sessions train the same network (g_inc gets no gradient there), so a study trains
+    dual_ssm's base model once and derives single_ssm's from it. Oracle: single_ssm's own base training gives exactly
+    the derived model, tensor for tensor, with the same digest and test accuracy."""
+    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
+    single, dual = (build_config({**params, "variant": v}) for v in ("single_ssm", "dual_ssm"))
+    assert base_twin(single).model == dual.model and base_twin(dual) is None
+    pack = tmp_path / "pack.h5"
+    build_pack(single.data, pack)
+    for cfg, out in ((single, "own"), (dual, "dual")):
+        train_base(cfg, pack, tmp_path / out, tmp_path / f"{out}.resume", show_progress=False)
+    derive_base_model(single, tmp_path / "dual", pack, tmp_path / "derived")
+    own, own_meta = load_checkpoint(tmp_path / "own" / MODEL_FILE)
+    derived, derived_meta = load_checkpoint(tmp_path / "derived" / MODEL_FILE)
+    twin, _ = load_checkpoint(tmp_path / "dual" / MODEL_FILE)
+    assert sorted(derived) == sorted(own) == sorted(k for k in twin if not k.startswith("projector.g_inc."))
+    assert len(twin) > len(own)
+    assert all(torch.equal(derived[k], own[k]) for k in own)
+    assert derived_meta == own_meta
+    metrics = [json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("own", "derived")]
+    assert metrics[1]["acc"] == metrics[0]["acc"] and metrics[1]["per_class_acc"] == metrics[0]["per_class_acc"]
+    assert (metrics[1]["projector"], metrics[1]["trained_as"]) == ("single_ssm", "dual_ssm")
+
+    # a study trains one base model per seed for both; single_ssm's sessions start from the derived one
+    real, trained = selection.train_base, []
+    monkeypatch.setattr(selection, "train_base", lambda cfg, *a, **k: trained.append(cfg.model.projector) or real(
+        cfg, *a, **k))
+    sessions = study.run_study(params, ["single_ssm", "dual_ssm"], [0], tmp_path / "study")
+    assert trained == ["dual_ssm"]
+    first = sessions[sessions.session == 0].set_index("variant")
+    assert first.loc["single_ssm", "acc"] == first.loc["dual_ssm", "acc"] == metrics[0]["acc"]
+    assert len(list((tmp_path / "study.work" / "bases").iterdir())) == 2  # dual_ssm's and the derived one
+
+
 def test_a_diverging_run_is_listed_not_averaged(tmp_path, monkeypatch):
     params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
     real = study.run_candidate
@@ -199,7 +240,7 @@ def test_a_field_added_at_its_neutral_value_leaves_every_digest_as_before_it_exi
                 assert full[name].pop(field.name) == field.metadata[NEUTRAL]
                 removed.append(f"{name}.{field.name}")
     assert {"incremental.base_lr_scale", "incremental.deviation_prob", "extract.deviations",
-            "model.iden_linear", "incremental.vertex_match"} <= set(removed)
+            "model.iden_linear", "incremental.vertex_match", "data.novel_shapes"} <= set(removed)
     before = {}
     for sections in (SECTIONS, CANDIDATE_SECTIONS, BASE_MODEL_SECTIONS):  # a session's, a candidate's, a base model's
         before[sections] = hashlib.sha256(json.dumps({k: full[k] for k in ("seed", *sections)},

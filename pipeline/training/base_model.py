@@ -3,12 +3,14 @@ session that writes it and by every later stage that reads it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
 
 from pipeline.file_digest import file_digest
 from pipeline.models.fscil import FSCILModel, build_model
+from pipeline.models.projector import PROJECTOR_KINDS, ProjectorKind
 from pipeline.training.checkpoint import load_checkpoint
 
 MODEL_FILE = "model.safetensors"
@@ -35,3 +37,16 @@ def load_base_model(cfg, base_dir: Path, pack_hash: str | None = None) -> tuple[
     model = build_model(cfg.model, meta["num_classes"], meta["input_size"], seed=cfg.seed)
     model.load_state_dict(tensors)
     return model, meta, file_digest(path)
+
+
+def base_twin(cfg):
+    """The config whose base model is cfg's plus g_inc, for a projector without g_inc (single_ssm: dual_ssm), else
+    None. The base session trains backbone, p_iden, g_base and the head the same way for both (g_inc is built after
+    g_base, draws from no generator the others use and gets no gradient in base mode), so the two trained base models
+    are equal tensor for tensor except g_inc's (tests/test_study.py checks this), and `fscil study` / `fscil select`
+    train the twin's once and derive cfg's from it (base_session.derive_base_model)."""
+    spec = PROJECTOR_KINDS[cfg.model.projector]
+    if spec.dual:
+        return None
+    twin = next(name for name, kind in PROJECTOR_KINDS.items() if kind == ProjectorKind(spec.mixer, dual=True))
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, projector=twin))

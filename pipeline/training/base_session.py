@@ -30,7 +30,7 @@ from pipeline.losses.classification import cross_entropy_loss, mixed_loss
 from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.seeding import BASE_EPOCH_ORDER, BASE_STEP_AUGMENT, seeded_generator
-from pipeline.training.base_model import MODEL_FILE, config_digest
+from pipeline.training.base_model import MODEL_FILE, base_twin, config_digest, load_base_model
 from pipeline.training.checkpoint import load_checkpoint, read_metadata, save_checkpoint
 from pipeline.training.distributed import (
     all_reduce_sum,
@@ -168,6 +168,22 @@ def _write_base_model(out_dir: Path, model: FSCILModel, cfg, pack: ImagePack, in
         "num_classes": pack.protocol.num_classes, "seed": cfg.seed,
     })
     (out_dir / "metrics.json").write_text(json.dumps(result, indent=2))
+
+
+def derive_base_model(cfg, twin_dir: Path, pack_path: Path, out_dir: Path) -> dict:
+    """cfg's base model (a projector without g_inc) written from its twin's trained one in `twin_dir` (`base_twin`):
+    the same tensors without g_inc's, under cfg's digest, with the twin's test metrics (the base session's
+    predictions do not involve g_inc). What training cfg's own base would write, without the training."""
+    twin = base_twin(cfg)
+    with ImagePack.open(pack_path) as pack:
+        trained, meta, _ = load_base_model(twin, twin_dir, pack.content_hash)
+        model = build_model(cfg.model, meta["num_classes"], meta["input_size"], seed=cfg.seed)
+        keep = model.state_dict().keys()
+        model.load_state_dict({k: v for k, v in trained.state_dict().items() if k in keep})  # strict: all of cfg's
+        result = {**json.loads((Path(twin_dir) / "metrics.json").read_text()), "projector": cfg.model.projector,
+                  "trained_as": twin.model.projector}
+        _write_base_model(Path(out_dir), model, cfg, pack, meta["input_size"], result)
+    return result
 
 
 def base_loss(head, base_cfg, logits: torch.Tensor, aux_logits: torch.Tensor | None, y_a: torch.Tensor,
