@@ -39,7 +39,7 @@ def _assert_one_line_error(result, *needles: str) -> None:
     ("incremental", {"replay": "all"}, ["incremental.replay", "mean or shots"]),
     ("data", {"dataset": "imagenet"}, ["data.dataset"]),
     ("data", {"novel_shapes": 5}, ["data.novel_shapes", "0..4"]),
-    ("data", {"novel_shapes": 1, "ways": 10, "sessions": 2}, ["data.novel_shapes", "at most 18 incremental", "needs 20"]),
+    ("data", {"novel_shapes": 1, "ways": 10, "sessions": 2}, ["data.novel_shapes", "at most 18", "needs 20"]),
     ("data", {"dataset": "omniglot", "root": "o.zip", "novel_shapes": 1}, ["data.novel_shapes", "synthetic only"]),
     ("extract", {"dtype": "int8"}, ["extract.dtype"]),
     ("base", {"mix_prob": 2.0}, ["base.mix_prob"]),
