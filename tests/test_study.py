@@ -15,6 +15,7 @@ import pipeline.study as study
 from pipeline.config import build_config
 from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
+from pipeline.models.fscil import build_model
 from pipeline.study import prototype_label, run_scores, study_table, table_markdown
 from pipeline.training.base_model import MODEL_FILE, base_twin
 from pipeline.training.base_session import derive_base_model, train_base
@@ -124,6 +125,13 @@ def test_single_ssm_takes_dual_ssms_base_model_less_g_inc(tmp_path, monkeypatch)
     params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
     single, dual = (build_config({**params, "variant": v}) for v in ("single_ssm", "dual_ssm"))
     assert base_twin(single).model == dual.model and base_twin(dual) is None
+    # not where something after g_inc draws from the global generator: a linear head's init (its weights differ
+    # between the two projectors, so a derived model would not be the trained one), timm's stochastic depth
+    linear = [dataclasses.replace(c.model, classifier="linear") for c in (single, dual)]
+    heads = [build_model(m, 10, 32, seed=0).classifier.fc.weight for m in linear]
+    assert not torch.equal(*heads)
+    for key, value in (("classifier", "linear"), ("backbone", "vit_b16")):
+        assert base_twin(dataclasses.replace(single, model=dataclasses.replace(single.model, **{key: value}))) is None
     pack = tmp_path / "pack.h5"
     build_pack(single.data, pack)
     for cfg, out in ((single, "own"), (dual, "dual")):

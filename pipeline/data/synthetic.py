@@ -7,9 +7,8 @@ families sharing one or two attributes: distinct, but confusable. With `novel_sh
 instead take n shape families no base class has (star, crescent, bar, ell), in the six colours and three textures:
 each novel class then brings a shape the base session never showed, as a new character or species does in real
 FSCIL benchmarks, while the base classes (and every base image) stay those of n = 0. Within a class, images vary in
-position,
-scale, rotation, hue/saturation/value, stripe period and phase, background (a random two-colour gradient),
-distractors (three small solid shapes of any family and colour) and pixel noise.
+position, scale, rotation, hue/saturation/value, stripe period and phase, background (a random two-colour
+gradient), distractors (three small solid shapes of the six base families, any colour) and pixel noise.
 
 Protocol (CIFAR-like by default): classes 0..B-1 are the base classes with `train_per_class` training
 images each; every incremental class gets a pool of `novel_pool_per_class` images from which `shots` are

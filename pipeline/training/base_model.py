@@ -39,14 +39,20 @@ def load_base_model(cfg, base_dir: Path, pack_hash: str | None = None) -> tuple[
     return model, meta, file_digest(path)
 
 
+# where a model without g_inc trains its base session exactly as its twin with one: nothing initialised or drawn
+# after the projector takes from the global torch generator (the ETF head is fixed by its own seed, our ResNets have
+# no dropout; a linear head's init and timm's stochastic depth do draw from it, after g_inc has)
+TWIN_HEADS, TWIN_BACKBONES = ("etf",), ("resnet12", "resnet18")
+
+
 def base_twin(cfg):
-    """The config whose base model is cfg's plus g_inc, for a projector without g_inc (single_ssm: dual_ssm), else
-    None. The base session trains backbone, p_iden, g_base and the head the same way for both (g_inc is built after
-    g_base, draws from no generator the others use and gets no gradient in base mode), so the two trained base models
-    are equal tensor for tensor except g_inc's (tests/test_study.py checks this), and `fscil study` / `fscil select`
+    """The config whose base model is cfg's plus g_inc, for a projector without g_inc (single_ssm: dual_ssm) on an
+    ETF head and one of our ResNets, else None. There the base session trains backbone, p_iden, g_base and the head
+    the same way for both (g_inc is built last and gets no gradient in base mode), so the two trained base models are
+    equal tensor for tensor except g_inc's (tests/test_study.py checks this), and `fscil study` / `fscil select`
     train the twin's once and derive cfg's from it (base_session.derive_base_model)."""
     spec = PROJECTOR_KINDS[cfg.model.projector]
-    if spec.dual:
+    if spec.dual or cfg.model.classifier not in TWIN_HEADS or cfg.model.backbone not in TWIN_BACKBONES:
         return None
     twin = next(name for name, kind in PROJECTOR_KINDS.items() if kind == ProjectorKind(spec.mixer, dual=True))
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, projector=twin))
