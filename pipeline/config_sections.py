@@ -12,7 +12,7 @@ from pipeline.config_fields import SectionConfig, added_field, check, fail
 from pipeline.data.cec_splits import BENCHMARKS
 from pipeline.data.checksums import digest_algorithm
 from pipeline.data.presets import PRESETS
-from pipeline.data.synthetic import COLOURS, NOVEL_SHAPES, SHAPES, TEXTURES
+from pipeline.data.synthetic import class_count_error
 from pipeline.errors import FSCILError
 
 DATASETS = ("synthetic", "cifar100", "mini_imagenet", "cub200", "class_folder", "omniglot")
@@ -24,7 +24,6 @@ _DEFAULT_SHAPE = {
     "omniglot": (60, 5, 5, 8),
     **{name: (b.base_classes, b.ways, b.shots, b.sessions) for name, b in BENCHMARKS.items()},
 }
-MAX_SYNTHETIC_CLASSES = len(SHAPES) * len(COLOURS) * len(TEXTURES)
 
 
 def _fail_data(key: str, why: str) -> typing.NoReturn:
@@ -104,18 +103,10 @@ class DataConfig(SectionConfig):
         base, ways, shots, sessions = self.protocol_shape()
         if self.novel_shapes and self.dataset != "synthetic":
             _fail_data("novel_shapes", f"applies to dataset synthetic only, got dataset {self.dataset!r}")
-        if not 0 <= self.novel_shapes <= len(NOVEL_SHAPES):
-            _fail_data("novel_shapes", f"must be 0..{len(NOVEL_SHAPES)}, got {self.novel_shapes}")
         if self.dataset == "synthetic":
-            novel = ways * sessions
-            family = len(COLOURS) * len(TEXTURES)  # classes per shape family
-            if not self.novel_shapes and base + novel > MAX_SYNTHETIC_CLASSES:
-                _fail_data("base_classes", f"+ ways x sessions must be <= {MAX_SYNTHETIC_CLASSES} for synthetic, "
-                           f"got {base + novel}")
-            if self.novel_shapes and (base > MAX_SYNTHETIC_CLASSES or novel > family * self.novel_shapes):
-                _fail_data("novel_shapes", f"{self.novel_shapes} gives at most {family * self.novel_shapes} "
-                           f"incremental classes (and {MAX_SYNTHETIC_CLASSES} base); the protocol needs {novel} "
-                           f"incremental and {base} base classes")
+            error = class_count_error(base, ways * sessions, self.novel_shapes)
+            if error is not None:
+                _fail_data(*error)
             if self.novel_pool_per_class < shots:
                 _fail_data("novel_pool_per_class", f"must be >= shots ({shots}), got {self.novel_pool_per_class}")
 

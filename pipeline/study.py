@@ -2,7 +2,8 @@
 
 `run_study` builds one image pack per data config (the protocol of the synthetic set and of class-folder datasets
 is drawn from the seed, so each seed has its own), then trains every (variant, seed) run with `run_candidate`,
-which shares a base model and feature store between runs that differ only in the `incremental` section. Each run
+which shares a base model and feature store between runs that differ only in the `incremental` section (and
+derives `single_ssm`'s base model from `dual_ssm`'s). Each run
 gives a per-session table (the method and the prototype baselines); `study_table` turns the runs into mean +- std
 over seeds of BASE (session 0), FINAL, AVG and PD, plus the backbone prototype baseline (nearest class mean, cosine,
 on the frozen backbone's pooled maps) of the reference variant's backbones. Every run is kept under

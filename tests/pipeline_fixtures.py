@@ -36,6 +36,8 @@ NUM_SESSIONS = 3
 
 def tiny_model_config() -> ModelConfig:
     return ModelConfig(**TINY_MODEL)
+
+
 runner = CliRunner()
 
 

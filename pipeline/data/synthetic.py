@@ -34,6 +34,8 @@ NOVEL_SHAPES = ("star", "crescent", "bar", "ell")  # only incremental classes, a
 COLOURS = ("red", "yellow", "green", "cyan", "blue", "magenta")  # hues 0, 60, ..., 300 degrees
 TEXTURES = ("solid", "stripes", "checker")
 RENDER_CHUNK = 512
+CLASSES_PER_SHAPE = len(COLOURS) * len(TEXTURES)
+MAX_CLASSES = len(SHAPES) * CLASSES_PER_SHAPE  # of the six base families; novel_shapes adds its own families
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,22 @@ class SyntheticSpec:
         return self.base_classes + self.ways * self.sessions
 
 
+def class_count_error(base_classes: int, incremental_classes: int, novel_shapes: int) -> tuple[str, str] | None:
+    """(the key to blame, why) when the synthetic set cannot hold this many classes, else None: without novel
+    shapes all classes share the 108 combinations; with n novel families the base classes take the 108 and the
+    incremental classes the n x 18 of their own families."""
+    if not 0 <= novel_shapes <= len(NOVEL_SHAPES):
+        return "novel_shapes", f"must be 0..{len(NOVEL_SHAPES)}, got {novel_shapes}"
+    if novel_shapes == 0 and base_classes + incremental_classes > MAX_CLASSES:
+        return "base_classes", f"+ ways x sessions must be <= {MAX_CLASSES} for synthetic, got " \
+                               f"{base_classes + incremental_classes}"
+    if novel_shapes and (base_classes > MAX_CLASSES or incremental_classes > CLASSES_PER_SHAPE * novel_shapes):
+        return "novel_shapes", f"{novel_shapes} gives at most {CLASSES_PER_SHAPE * novel_shapes} incremental " \
+                               f"classes (and {MAX_CLASSES} base); the protocol needs {incremental_classes} " \
+                               f"incremental and {base_classes} base classes"
+    return None
+
+
 def class_attributes(num_classes: int, seed: int, base_classes: int | None = None,
                      novel_shapes: int = 0) -> np.ndarray:
     """(num_classes, 3) int (shape, colour, texture) indices: a seeded choice and order of the 108 combinations.
@@ -63,19 +81,16 @@ def class_attributes(num_classes: int, seed: int, base_classes: int | None = Non
     novel_shapes n > 0: the first `base_classes` rows are those of n = 0 and the rest a seeded choice of the
     combinations of the n families of NOVEL_SHAPES (shape indices 6, 7, ...), so no base class shares a novel
     class's shape."""
-    combos = _combinations(range(len(SHAPES)))
+    base_classes = num_classes if base_classes is None else base_classes
+    error = class_count_error(base_classes, num_classes - base_classes, novel_shapes)
+    if error is not None:
+        raise FSCILError(f"synthetic: {' '.join(error)}")
     rng = np.random.default_rng([seed, 1])
+    combos = _combinations(range(len(SHAPES)))
     if novel_shapes == 0:
-        if num_classes > len(combos):
-            raise FSCILError(f"synthetic: at most {len(combos)} classes, asked for {num_classes}")
         return combos[rng.permutation(len(combos))[:num_classes]]
-    novel = _combinations(range(len(SHAPES), len(SHAPES) + novel_shapes))
-    if base_classes is None or not 0 < novel_shapes <= len(NOVEL_SHAPES):
-        raise FSCILError(f"synthetic: novel_shapes must be 0..{len(NOVEL_SHAPES)} and needs base_classes")
-    if base_classes > len(combos) or num_classes - base_classes > len(novel):
-        raise FSCILError(f"synthetic: with novel_shapes {novel_shapes}, at most {len(combos)} base and "
-                         f"{len(novel)} incremental classes, asked for {base_classes} and {num_classes - base_classes}")
     base = combos[rng.permutation(len(combos))[:base_classes]]
+    novel = _combinations(range(len(SHAPES), len(SHAPES) + novel_shapes))
     order = np.random.default_rng([seed, 4]).permutation(len(novel))[:num_classes - base_classes]
     return np.concatenate([base, novel[order]])
 
