@@ -371,6 +371,12 @@ class IncrementalConfig(SectionConfig):
             values.pop("base_lr_scale", None)
         return values
 
+    @property
+    def suppression_on(self) -> bool:
+        """Whether sessions train with the suppression loss (eq. loss_supp); off (lambda1 = lambda2 = 0), its
+        target `suppression` is never read."""
+        return bool(self.lambda1 or self.lambda2)
+
     def session_value(self, key: str, session: int) -> int:
         """`steps` / `base_copy` of incremental session `session` (1-based): per-session lists or one value."""
         values = getattr(self, key)

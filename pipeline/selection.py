@@ -7,7 +7,8 @@ training code of the pipeline (train_base, extract_features, train_session). Not
 real incremental sessions is ever read. Choices follow the paper's order, each by the highest pseudo AVG with the
 earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the suppression variant, K, our
 model.iden_linear and the authors' model.out_norm when listed, incremental.inc_init, and our incremental.vertex_match
-when listed), with lambda1 at its configured value and lambda2 = lambda3 = 0;
+when listed), with lambda1 at its configured value and lambda2 = lambda3 = 0 (the suppression variant only when that
+lambda1 is not 0: with the loss off every candidate is the same run);
 stage 2 lambda1 (lambda2 = lambda3 = 0), then lambda2 (lambda3 = 0), then lambda3. Optional stages, not in the paper,
 come first when candidates are given: the base training (base.epochs, lr, dr_scale, weight_decay; each candidate trains
 its own pseudo base model), then the session schedule and training set (incremental.lr, base_lr_scale, weight_decay,
@@ -427,6 +428,11 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
             for _, key, values, held in group:
                 if key == "extract.memory_k" and with_values(cfg, chosen).extract.memory != "sampled":
                     continue  # k is the number of maps of the sampled rule only: nothing to choose
+                if key == "incremental.suppression" and not with_values(
+                        cfg, {**held, **chosen}).incremental.suppression_on:
+                    say(f"{key} not selected: lambda1 = lambda2 = 0 here (the suppression loss is off), so every "
+                        "candidate would be the same run")
+                    continue  # what the loss acts on matters only when it is on
                 choose_key(stage if n == 0 else f"{stage} (pass {n + 1})", key, values, held)
             if group_values(group) == before:
                 break

@@ -119,7 +119,7 @@ def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is
     head = HEADS[classifier_kind]
     cls = mixed_loss(head.loss, classifier(mu, num_seen), y_a, y_b, lam, scale=head.loss_scale(inc.dr_scale))
     supp = sep = torch.zeros((), device=x.device)
-    if inc.lambda1 or inc.lambda2:
+    if inc.suppression_on:
         target = SUPPRESSION_TARGETS[suppression_target(projector.kind, inc.suppression)](out.aux, out.mu_inc)
         if target is None:
             raise FSCILError(f"params: incremental.suppression={inc.suppression} needs a projector with g_inc")
