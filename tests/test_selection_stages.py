@@ -246,7 +246,8 @@ def test_session_optimizer_keys_are_schedule_keys_reaching_the_candidates(real_p
 
 def test_a_variants_selection_holds_its_own_keys_and_writes_variant_params(real_pack, tmp_path, monkeypatch):
     """`fscil select` with `variant: dual_ssm_frozen`: the keys the row fixes (freeze_base, lambda1-3) are not
-    selected (every candidate runs with the row's values), and selected.yaml nests the choice under
+    selected (every candidate runs with the row's values), nor the suppression target its loss weights switch off,
+    and selected.yaml nests the choice under
     variant_params.dual_ssm_frozen, so merged into params.yaml it changes that row alone."""
     params, paths = real_pack
     values = yaml.safe_load(params.read_text())
