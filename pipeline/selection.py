@@ -259,6 +259,14 @@ def _get(cfg: Config, dotted: str) -> Any:
     return getattr(getattr(cfg, name), key)
 
 
+# A key a run reads only under other values (a test on the config it would run with, and why it is not read):
+# elsewhere its candidates would all be the same run, so it is not selected there
+READ_ONLY_WHEN = {
+    "extract.memory_k": (lambda c: c.extract.memory == "sampled", "k counts the maps of the sampled memory only"),
+    "incremental.suppression": (lambda c: c.incremental.suppression_on,
+                                "lambda1 = lambda2 = 0 here (the suppression loss is off)"),
+}
+
 # A chosen value that reads another key, which is not selected itself: (condition on the value, the key it reads)
 NEEDS = {"incremental.deviation_prob": (lambda p: p > 0, "extract.deviations"),
          "extract.memory_k": (lambda k: True, "extract.memory")}
@@ -426,13 +434,10 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
         for n in range(SCHEDULE_PASSES if stage == "schedule" and len(group) > 1 else 1):
             before = group_values(group)
             for _, key, values, held in group:
-                if key == "extract.memory_k" and with_values(cfg, chosen).extract.memory != "sampled":
-                    continue  # k is the number of maps of the sampled rule only: nothing to choose
-                if key == "incremental.suppression" and not with_values(
-                        cfg, {**held, **chosen}).incremental.suppression_on:
-                    say(f"{key} not selected: lambda1 = lambda2 = 0 here (the suppression loss is off), so every "
-                        "candidate would be the same run")
-                    continue  # what the loss acts on matters only when it is on
+                read, unread_because = READ_ONLY_WHEN.get(key, (None, ""))
+                if read is not None and not read(with_values(cfg, {**held, **chosen})):
+                    say(f"{key} not selected: {unread_because}, so every candidate would be the same run")
+                    continue
                 choose_key(stage if n == 0 else f"{stage} (pass {n + 1})", key, values, held)
             if group_values(group) == before:
                 break
