@@ -354,9 +354,13 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
     training) and scores the mean of their results.
     """
     sel = candidates or cfg.selection
-    if cfg.model.projector != "dual_ssm":
-        raise FSCILError(f"selection tunes the dual_ssm projector, not model.projector={cfg.model.projector}")
-    for _, key, values, _ in selection_order(sel):  # every candidate against the configured values, before training
+    # a named variant is what its name says: the keys it sets itself (a row's projector, its losses off) are held
+    fixed = variant_keys(cfg.variant)
+    full_order = selection_order(sel)
+    order = [entry for entry in full_order if entry[1] not in fixed]
+    # any projector (an ablation row selects its own session settings); a candidate its projector cannot take
+    # (inc_init base without g_inc) fails the config check below, before anything trains
+    for _, key, values, _ in order:  # every candidate against the configured values, before training
         for value in values:
             try:
                 with_values(cfg, {key: value})
@@ -420,12 +424,8 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
                   else "")
         say(f"chosen {key}={chosen[key]}{margin}")
 
-    # a named variant is what its name says: the keys it sets itself (a row's projector, its losses off) are held
-    fixed = variant_keys(cfg.variant)
-    order = selection_order(sel)
-    if held := sorted(fixed & {key for _, key, _, _ in order}):
+    if held := sorted(fixed & {key for _, key, _, _ in full_order}):
         say(f"variant {cfg.variant} fixes {', '.join(held)}: not selected")
-    order = [entry for entry in order if entry[1] not in fixed]
     for stage, entries in itertools.groupby(order, key=lambda entry: entry[0]):
         group = list(entries)
         # the training-set keys interact (base_copy repeats the memory's rows, replay picks what stands for a class),

@@ -442,3 +442,31 @@ def test_selected_yaml_carries_the_keys_a_chosen_value_reads(real_pack, tmp_path
         assert merged.extract.memory_rule == ("sampled", 2)
     else:
         assert fragment["incremental"]["deviation_prob"] == 0.0 and "extract" not in fragment
+
+
+def test_a_single_branch_rows_selection_runs_its_projector_and_refuses_what_it_lacks(real_pack, tmp_path,
+                                                                                      monkeypatch):
+    """`variant: single_ssm` selects its own session settings (here grad_clip_norm) on its own projector, nested
+    under variant_params.single_ssm; a candidate its projector cannot take (g_inc started from g_base: it has no
+    g_inc) is refused in one line before any pseudo pack is written."""
+    params, paths = real_pack
+    values = yaml.safe_load(params.read_text())
+    cfg = build_config({**values, "variant": "single_ssm"})
+    seen: list = []
+
+    def run(cand, *args):
+        seen.append((cand.model.projector, cand.incremental.grad_clip_norm))
+        return {"avg": 60.0 + 2.0 * (cand.incremental.grad_clip_norm == 1.0), "final": 1.0, "pd": 1.0, "base": 1.0,
+                "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    sets = SelectionConfig(**{**TINY_SELECTION, "freeze_base": [False], "grad_clip_norm": [None, 1.0]})
+    result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
+    assert {projector for projector, _ in seen} == {"single_ssm"} and {clip for _, clip in seen} == {None, 1.0}
+    assert result["chosen"]["incremental.grad_clip_norm"] == 1.0
+    fragment = yaml.safe_load((tmp_path / "out" / "selected.yaml").read_text())
+    assert fragment["variant_params"]["single_ssm"]["incremental"]["grad_clip_norm"] == 1.0
+    with pytest.raises(FSCILError, match=r"candidate incremental.inc_init='base'.*single_ssm") as err:
+        selection.select(cfg, paths.pack, tmp_path / "out2", dataclasses.replace(sets, inc_init=["random", "base"]),
+                         work_dir=tmp_path / "work2")
+    assert "\n" not in str(err.value) and not (tmp_path / "work2").exists()
