@@ -2,22 +2,22 @@
 supp:hyperparameter_protocol).
 
 The real base session's training images are split, seeded, into a pseudo-base session, few-shot pseudo-incremental
-sessions and a held-out pseudo test set, and written as an ordinary image pack, so each candidate runs the very
-training code of the pipeline (train_base, extract_features, train_session). Nothing of the real test set or of the
-real incremental sessions is ever read. Choices follow the paper's order, each by the highest pseudo AVG with the
-earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the suppression variant, K, our
+sessions and a held-out pseudo test set, and written as an ordinary image pack (pipeline/pseudo_pack.py), so each
+candidate runs the very training code of the pipeline (train_base, extract_features, train_session). Nothing of the real
+test set or of the real incremental sessions is ever read. Choices follow the paper's order, each by the highest pseudo
+AVG with the earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the suppression variant, K, our
 model.iden_linear and the authors' model.out_norm when listed, incremental.inc_init, and our incremental.vertex_match
 when listed), with lambda1 at its configured value and lambda2 = lambda3 = 0 (the suppression variant only when that
-lambda1 is not 0: with the loss off every candidate is the same run);
-stage 2 lambda1 (lambda2 = lambda3 = 0), then lambda2 (lambda3 = 0), then lambda3. Optional stages, not in the paper,
-come first when candidates are given: the base training (base.epochs, lr, dr_scale, weight_decay; each candidate trains
-its own pseudo base model), then the session schedule and training set (incremental.lr, base_lr_scale, weight_decay,
-grad_clip_norm, steps, mixup_prob, deviation_prob, the shots' stored augmented views extract.augmented_views, the
-memory: extract.memory, memory_k, then replay, copy, base_copy; these keys interact, so their stage repeats until a pass
-changes nothing). A tie keeps the configured value, else the earliest candidate. With selection.protocols > 1 a
-candidate scores its mean pseudo AVG over that many pseudo protocols (seeds selection.seed, seed + 1, ...), and its
-row carries its gain over the configured value paired by protocol, in standard errors (`gain_se`); with
-selection.min_gain_se > 0 (ours) a candidate must beat the configured value by more than that to replace it.
+lambda1 is not 0: with the loss off every candidate is the same run); stage 2 lambda1 (lambda2 = lambda3 = 0), then
+lambda2 (lambda3 = 0), then lambda3. Optional stages, not in the paper, come first when candidates are given: the base
+training (base.epochs, lr, dr_scale, weight_decay; each candidate trains its own pseudo base model), then the session
+schedule and training set (incremental.lr, base_lr_scale, weight_decay, grad_clip_norm, steps, mixup_prob,
+deviation_prob, the shots' stored augmented views extract.augmented_views, the memory: extract.memory, memory_k, then
+replay, copy, base_copy; these keys interact, so their stage repeats until a pass changes nothing). A tie keeps the
+configured value, else the earliest candidate. With selection.protocols > 1 a candidate scores its mean pseudo AVG over
+that many pseudo protocols (seeds selection.seed, seed + 1, ...), and its row carries its gain over the configured value
+paired by protocol, in standard errors (`gain_se`); with selection.min_gain_se > 0 (ours) a candidate must beat the
+configured value by more than that to replace it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,99 +40,21 @@ import yaml
 from pipeline.atomic import atomic_output, atomic_write_text
 from pipeline.config import Config, check_combination, variant_keys
 from pipeline.config_selection import BASE_SELECTION_KEYS, SCHEDULE_SELECTION_KEYS, SelectionConfig
-from pipeline.data.pack import ImagePack, PackContent, chunk_rows, write_pack
-from pipeline.data.protocol import FSCILProtocol
-from pipeline.data.sampling import draw_sessions, split_test
+from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError, TrainingDiverged
+from pipeline.pseudo_pack import pseudo_packs
 from pipeline.report import session_table, summarise, summarise_prototypes
 from pipeline.training.base_model import BASE_MODEL_SECTIONS, MODEL_FILE, base_twin, config_digest
 from pipeline.training.base_session import derive_base_model, train_base
 from pipeline.training.extract import extract_features
 from pipeline.training.incremental_session import train_session
 
-PSEUDO_PACK = "pseudo_pack.h5"
 RESULTS_FILE = "results.json"  # candidate results by candidate key, kept in the work dir across runs
 SCORES = ("avg", "final", "pd", "base")
 # what (with the seed and the pseudo pack) a candidate's result, a base model and a feature store depend on
 CANDIDATE_SECTIONS = ("data", "model", "base", "extract", "incremental")
 STORE_SECTIONS = (*BASE_MODEL_SECTIONS, "extract")
 SCHEDULE_PASSES = 3  # passes over the training-set keys (stage "schedule") at most; the first unchanged pass ends it
-
-
-# ---- the pseudo-incremental pack ---------------------------------------------------------------------------------
-def pseudo_shape(protocol: FSCILProtocol, base_fraction: float | None, ways: int | None, shots: int | None,
-                 sessions: int | None) -> tuple[int, int, int, int]:
-    """(pseudo-base classes, ways, shots, sessions) carved out of the real protocol's B base classes.
-
-    Defaults: the real ways and shots; min(real sessions, (B // 3) // ways) sessions; every class they leave is a
-    pseudo-base class, or round(base_fraction * B) of them.
-    """
-    num_base = protocol.num_base_classes
-    ways = ways or protocol.ways
-    shots = shots or protocol.shots
-    if ways is None or shots is None:
-        raise FSCILError("selection: the real protocol has no uniform ways/shots; set selection.ways and shots")
-    sessions = sessions or min(protocol.num_incremental, (num_base // 3) // ways)
-    if sessions < 1:
-        raise FSCILError(f"selection: {num_base} base classes are too few for a {ways}-way pseudo session")
-    pseudo_base = num_base - sessions * ways if base_fraction is None else round(base_fraction * num_base)
-    if pseudo_base < 1 or pseudo_base + sessions * ways > num_base:
-        raise FSCILError(f"selection: {pseudo_base} pseudo-base + {sessions} x {ways} classes do not fit in the "
-                         f"{num_base} base classes")
-    return pseudo_base, ways, shots, sessions
-
-
-def _read_in_chunks(pack: ImagePack, ids: np.ndarray) -> Iterator[np.ndarray]:
-    step = chunk_rows(pack.image_size) * 4
-    for start in range(0, len(ids), step):
-        yield pack.read_images(ids[start:start + step])
-
-
-def pseudo_pack(pack_path: Path, out_path: Path, base_fraction: float | None = None, ways: int | None = None,
-                shots: int | None = None, sessions: int | None = None, val_fraction: float = 0.2,
-                seed: int = 0) -> dict:
-    """Write the pseudo-incremental image pack at `out_path` (atomically); returns its shape and content hash.
-
-    From the real base session's N training samples only: `val_fraction` of each class's images become the pseudo
-    test set, the base classes are permuted, the first ones form the pseudo-base session (all their remaining
-    images), the next sessions x ways classes the pseudo-incremental sessions (`shots` images each). Everything is
-    drawn from numpy default_rng(seed). Classes are relabelled session-ordered and samples laid out as assemble.py
-    does: each session's training block, then the test block, each sorted by (class, parent id).
-    """
-    with ImagePack.open(pack_path) as parent:
-        real = parent.protocol
-        ids = np.sort(real.sessions[0].train_ids)  # (N,) parent ids; positions into it index everything below
-        labels = parent.labels[ids]  # (N,) parent class ids
-        n_base, ways, shots, sessions = pseudo_shape(real, base_fraction, ways, shots, sessions)
-        rng = np.random.default_rng(seed)
-        is_val = split_test(labels, val_fraction, rng, parent.class_names)
-        class_order = rng.permutation(real.base_classes)
-        train_blocks = draw_sessions(labels, ~is_val, class_order, n_base, ways, shots, sessions, rng,
-                                     parent.class_names)
-        used = class_order[: n_base + ways * sessions]
-        new_label = np.full(len(parent.class_names), -1, dtype=np.int64)
-        new_label[used] = np.arange(len(used))
-
-        def by_class(pos: np.ndarray) -> np.ndarray:
-            return pos[np.lexsort((pos, new_label[labels[pos]]))]
-
-        val = np.flatnonzero(is_val & (new_label[labels] >= 0))
-        blocks = [by_class(pos) for pos in train_blocks] + [by_class(val)]
-        order = ids[np.concatenate(blocks)]  # pseudo id -> parent id
-        protocol = FSCILProtocol.from_layout([len(b) for b in blocks[:-1]], [n_base] + [ways] * sessions, len(val))
-        pseudo_labels = new_label[parent.labels[order]]
-        class_names = [parent.class_names[c] for c in used]
-        protocol.validate(pseudo_labels, ways=ways, shots=shots, class_names=class_names)
-        selection = {"seed": seed, "val_fraction": val_fraction, "base_fraction": base_fraction,
-                     "parent_base_classes": real.num_base_classes, "base_classes": n_base, "ways": ways,
-                     "shots": shots, "sessions": sessions}
-        digest = write_pack(out_path, PackContent(
-            dataset=parent.dataset, preset=parent.preset, image_size=parent.image_size, labels=pseudo_labels,
-            class_names=class_names, protocol=protocol, images=_read_in_chunks(parent, order),
-            provenance={"parent_pack": parent.content_hash, "selection": selection},
-            source_keys=[f"parent/{i}" for i in order],
-        ))
-    return {**selection, "num_images": len(order), "num_test": len(val), "content_hash": digest}
 
 
 # ---- one candidate -------------------------------------------------------------------------------------------------
@@ -301,16 +223,6 @@ def selected_yaml(chosen: dict[str, Any], pseudo: list[dict], variant: str | Non
               f"{packs}{f', variant {variant}' if variant else ''}. Merge into params.yaml.\n"
               + (f"# Not selected, read by a chosen value: {', '.join(needed)}.\n" if needed else ""))
     return header + yaml.safe_dump(nested, sort_keys=False)
-
-
-def pseudo_packs(pack_path: Path, work_dir: Path, sel: SelectionConfig) -> list[tuple[Path, dict]]:
-    """The `sel.protocols` pseudo packs (seeds sel.seed, sel.seed + 1, ...) in work_dir: [(path, description)]."""
-    packs = []
-    for i in range(sel.protocols):
-        path = work_dir / (PSEUDO_PACK if i == 0 else PSEUDO_PACK.replace(".h5", f"_{sel.seed + i}.h5"))
-        packs.append((path, pseudo_pack(pack_path, path, sel.base_fraction, sel.ways, sel.shots, sel.sessions,
-                                        sel.val_fraction, sel.seed + i)))
-    return packs
 
 
 def run_once(records: dict, key: str, records_path: Path, scratch: Path, run: Callable[[Path], dict],

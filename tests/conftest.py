@@ -5,6 +5,7 @@ import torch
 
 from stages.paths import StagePaths
 from tests.pipeline_fixtures import run_pipeline, write_params
+from tests.selection_fixtures import prepared_pack
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
@@ -37,3 +38,9 @@ def tiny_run(tmp_path_factory):
     params = write_params(root / "params.yaml")
     run_pipeline(params, root / "data", root / "metrics.json")
     return root, params, StagePaths(root / "data")
+
+
+@pytest.fixture(scope="module")
+def real_pack(tmp_path_factory):
+    """(params.yaml, paths) of a prepared tiny pack for the `fscil select` tests (one per test module)."""
+    return prepared_pack(tmp_path_factory.mktemp("selection"))

@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+import pipeline.pseudo_pack as pseudo_pack
 import pipeline.selection as selection
 from pipeline.config import load_config
 from pipeline.config_selection import SelectionConfig
@@ -23,12 +24,6 @@ from pipeline.training.base_model import MODEL_FILE
 from pipeline.training.checkpoint import load_checkpoint, unprefixed
 from pipeline.training.incremental_session import STATE_FILE, frozen_digest, train_session
 from tests.pipeline_fixtures import cli, write_params
-from tests.selection_fixtures import prepared_pack
-
-
-@pytest.fixture(scope="module")
-def real_pack(tmp_path_factory):
-    return prepared_pack(tmp_path_factory.mktemp("selection"))
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +94,7 @@ def test_selection_reads_only_base_training_images(real_pack, selection_run):
 
 def test_pseudo_pack_shape_and_seed(real_pack, tmp_path):
     _, paths = real_pack
-    info = selection.pseudo_pack(paths.pack, tmp_path / "a.h5", seed=0)
+    info = pseudo_pack.pseudo_pack(paths.pack, tmp_path / "a.h5", seed=0)
     with ImagePack.open(paths.pack) as parent, ImagePack.open(tmp_path / "a.h5") as pseudo:
         proto = pseudo.protocol
         assert (proto.num_base_classes, proto.num_incremental, proto.ways, proto.shots) == (6, 1, 2, 2)
@@ -109,10 +104,10 @@ def test_pseudo_pack_shape_and_seed(real_pack, tmp_path):
         assert (pseudo.dataset, pseudo.preset, pseudo.image_size) == (parent.dataset, parent.preset,
                                                                       parent.image_size)
         assert pseudo.provenance["selection"]["seed"] == 0 and info["content_hash"] == pseudo.content_hash
-    assert selection.pseudo_pack(paths.pack, tmp_path / "b.h5", seed=0)["content_hash"] == info["content_hash"]
-    assert selection.pseudo_pack(paths.pack, tmp_path / "c.h5", seed=1)["content_hash"] != info["content_hash"]
+    assert pseudo_pack.pseudo_pack(paths.pack, tmp_path / "b.h5", seed=0)["content_hash"] == info["content_hash"]
+    assert pseudo_pack.pseudo_pack(paths.pack, tmp_path / "c.h5", seed=1)["content_hash"] != info["content_hash"]
 
-    other = selection.pseudo_pack(paths.pack, tmp_path / "d.h5", base_fraction=0.5, ways=1, shots=3, sessions=2,
+    other = pseudo_pack.pseudo_pack(paths.pack, tmp_path / "d.h5", base_fraction=0.5, ways=1, shots=3, sessions=2,
                                   val_fraction=0.25)
     with ImagePack.open(tmp_path / "d.h5") as pseudo:
         proto = pseudo.protocol
@@ -120,7 +115,7 @@ def test_pseudo_pack_shape_and_seed(real_pack, tmp_path):
         assert np.bincount(pseudo.labels[proto.test_ids]).tolist() == [3] * 6
     assert other["base_classes"] == 4
     with pytest.raises(FSCILError, match="do not fit"):
-        selection.pseudo_pack(paths.pack, tmp_path / "e.h5", sessions=4)
+        pseudo_pack.pseudo_pack(paths.pack, tmp_path / "e.h5", sessions=4)
 
 
 def architecture_keys(sets: SelectionConfig) -> list[str]:

@@ -20,12 +20,7 @@ from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.store.feature_store import FeatureStore
 from pipeline.training.base_model import MODEL_FILE
 from pipeline.training.checkpoint import load_checkpoint
-from tests.selection_fixtures import TINY_SELECTION, prepared_pack
-
-
-@pytest.fixture(scope="module")
-def real_pack(tmp_path_factory):
-    return prepared_pack(tmp_path_factory.mktemp("selection_stages"))
+from tests.selection_fixtures import TINY_SELECTION
 
 
 def test_schedule_stage_comes_first_and_only_when_asked():
@@ -244,40 +239,6 @@ def test_session_optimizer_keys_are_schedule_keys_reaching_the_candidates(real_p
     assert {scale for *_, scale in seen} == {1.0} and result["chosen"]["incremental.base_lr_scale"] == 1.0
 
 
-def test_a_variants_selection_holds_its_own_keys_and_writes_variant_params(real_pack, tmp_path, monkeypatch):
-    """`fscil select` with `variant: dual_ssm_frozen`: the keys the row fixes (freeze_base, lambda1-3) are not
-    selected (every candidate runs with the row's values), nor the suppression target its loss weights switch off,
-    and selected.yaml nests the choice under
-    variant_params.dual_ssm_frozen, so merged into params.yaml it changes that row alone."""
-    params, paths = real_pack
-    values = yaml.safe_load(params.read_text())
-    cfg = build_config({**values, "variant": "dual_ssm_frozen"})
-    seen: list = []
-
-    def run(cand, *args):
-        inc = cand.incremental
-        seen.append((inc.lr, inc.freeze_base, inc.lambda1, inc.lambda2, inc.lambda3, inc.suppression))
-        return {"avg": 60.0 + 5.0 * (inc.lr == 0.03), "final": 1.0, "pd": 1.0, "base": 1.0, "sessions": {}}
-
-    monkeypatch.setattr(selection, "run_candidate", run)
-    sets = SelectionConfig(**{**TINY_SELECTION, "lr": [0.1, 0.03], "lambda1": [1.0, 10.0],
-                              "suppression": ["z", "mu_inc"]})
-    lines: list[str] = []
-    result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work", log=lines.append)
-    # with the row's lambda1 = lambda2 = 0 the suppression loss is off, so its target is not selected either
-    assert set(result["chosen"]) == {"incremental.lr", "model.k_paths", "incremental.inc_init"}
-    assert any(line.startswith("incremental.suppression not selected") for line in lines)
-    assert result["chosen"]["incremental.lr"] == 0.03
-    # the row's own values throughout, the suppression target at its configured value
-    assert {s[1:] for s in seen} == {(True, 0.0, 0.0, 0.0, cfg.incremental.suppression)}
-    fragment = yaml.safe_load((tmp_path / "out" / "selected.yaml").read_text())
-    assert list(fragment) == ["variant_params"] and fragment["variant_params"]["dual_ssm_frozen"]["incremental"][
-        "lr"] == 0.03
-    merged = {**values, **fragment}
-    assert build_config({**merged, "variant": "dual_ssm_frozen"}).incremental.lr == 0.03
-    assert build_config({**merged, "variant": "dual_ssm"}).incremental.lr == cfg.incremental.lr != 0.03
-
-
 def test_several_pseudo_protocols_score_the_mean(real_pack, tmp_path, monkeypatch):
     """protocols=2: every candidate runs on both pseudo packs (seeds 5 and 6, each seeding its own training) and the
     choice follows the mean AVG, not the first protocol alone; stage 0 takes replay, copy, base_copy in order."""
@@ -343,73 +304,6 @@ def test_memory_k_keys_a_store_only_under_the_sampled_rule(real_pack):
     assert key["sampled", 2] != key["sampled", 4] and len({key["mean", 2], key["random", 2], key["sampled", 2]}) == 3
 
 
-def test_paired_gain_in_standard_errors_against_a_hand_computation():
-    # differences 2, 3, 4: mean 3, sample std 1, standard error 1/sqrt(3) -> 3 sqrt(3)
-    assert selection.paired_gain_se([3.0, 4.0, 5.0], [1.0, 1.0, 1.0]) == pytest.approx(3 * math.sqrt(3), rel=1e-12)
-    assert selection.paired_gain_se([1.0, 2.0], [0.0, 1.0]) == math.inf  # the same gain on every protocol
-    assert math.isnan(selection.paired_gain_se([1.0, 2.0], [1.0, 2.0]))
-    assert math.isnan(selection.paired_gain_se([float("nan"), 2.0], [1.0, 1.0]))  # a diverged run
-
-
-def test_min_gain_se_keeps_the_configured_value_unless_a_candidate_beats_it_by_the_margin():
-    # stop 33's vertex_match on ten pseudo protocols: +0.26 mean gain, 1.4 standard errors
-    configured = [91.0225, 92.1998, 90.8673, 94.5226, 94.4626, 90.2389, 94.4876, 92.5804, 93.668, 92.8174]
-    matched = [90.6471, 92.144, 91.234, 94.8719, 94.3323, 91.2664, 94.5177, 92.5318, 93.6902, 94.2198]
-    diff = [m - c for m, c in zip(matched, configured, strict=True)]
-    se = math.sqrt(sum((d - sum(diff) / 10) ** 2 for d in diff) / 9 / 10)
-    assert selection.paired_gain_se(matched, configured) == pytest.approx(sum(diff) / 10 / se, rel=1e-9)
-    scores = [sum(configured) / 10, sum(matched) / 10]
-    gains = [math.nan, selection.paired_gain_se(matched, configured)]
-    assert selection.choose([False, True], scores, False, gains) is True  # the paper's rule
-    assert selection.choose([False, True], scores, False, gains, min_gain_se=1.0) is True
-    assert selection.choose([False, True], scores, False, gains, min_gain_se=2.0) is False
-    # of the candidates past the margin the highest mean wins, not a noisier one above them
-    runs = {"a": [50.0, 50.0, 50.0], "noisy": [53.0, 48.0, 53.0], "steady": [50.5, 50.6, 50.4],
-            "steadier": [50.3, 50.3, 50.31]}
-    values = list(runs)
-    scores = [sum(r) / 3 for r in runs.values()]
-    gains = [math.nan, *(selection.paired_gain_se(r, runs["a"]) for r in list(runs.values())[1:])]
-    assert selection.choose(values, scores, "a", gains) == "noisy"
-    assert selection.choose(values, scores, "a", gains, min_gain_se=2.0) == "steady"
-    assert selection.choose(values, scores, "a", gains, min_gain_se=50.0) == "steadier"  # 91 SE
-    # the configured value diverged (or is not a candidate): nothing to pair with, the highest mean
-    assert selection.choose(values, [-math.inf, *scores[1:]], "a", gains, 2.0) == "noisy"
-    assert selection.choose(values[1:], scores[1:], "a", gains[1:], 2.0) == "noisy"
-
-
-def test_a_selection_with_a_margin_records_the_paired_gain_and_keeps_a_noisy_winner_out(real_pack, tmp_path,
-                                                                                         monkeypatch):
-    params, paths = real_pack
-    cfg = load_config(params)
-    gains = {0: (3.0, 0.5), 1: (-2.0, 0.6), 2: (3.0, 0.4)}  # per protocol: lambda3 0.1 (noisy), 0.01 (steady)
-
-    def run(cand, pack_path, work_dir, base_cache):
-        with ImagePack.open(pack_path) as pack:
-            seed = pack.provenance["selection"]["seed"]
-        avg = 50.0 + {0.1: gains[seed][0], 0.01: gains[seed][1]}.get(cand.incremental.lambda3, 0.0)
-        return {"avg": avg, "final": avg, "pd": 0.0, "base": 50.0, "sessions": {}}
-
-    monkeypatch.setattr(selection, "run_candidate", run)
-    sets = SelectionConfig(seed=0, protocols=3, freeze_base=[True], suppression=["z"], k_paths=[4],
-                           inc_init=["random"], lambda1=[10.0], lambda2=[0.0], lambda3=[0.0, 0.1, 0.01])
-    cfg = selection.with_values(cfg, {"incremental.lambda3": 0.0})
-    plain = selection.select(cfg, paths.pack, tmp_path / "plain", sets, work_dir=tmp_path / "work")
-    assert plain["chosen"]["incremental.lambda3"] == 0.1
-    rows = {row["value"]: row for row in plain["rows"] if row["key"] == "incremental.lambda3"}
-    assert "gain_se" not in rows[0.0]
-    assert rows[0.1]["gain_se"] == pytest.approx(selection.paired_gain_se([53.0, 48.0, 53.0], [50.0] * 3))
-    assert rows[0.01]["gain_se"] == pytest.approx(0.5 / (0.1 / math.sqrt(3)))
-    said: list[str] = []
-    margin = selection.select(cfg, paths.pack, tmp_path / "margin", dataclasses.replace(sets, min_gain_se=2.0),
-                              work_dir=tmp_path / "work", log=said.append)
-    assert margin["chosen"]["incremental.lambda3"] == 0.01
-    assert ("chosen incremental.lambda3=0.01 (0.1 had the highest mean but gained 0.80 standard errors over 0.0, not "
-            "more than selection.min_gain_se 2)") in said
-    assert "lambda3: 0.01" in (tmp_path / "margin" / "selected.yaml").read_text()
-    with pytest.raises(FSCILError, match=r"selection\.min_gain_se.*protocols >= 2"):
-        SelectionConfig(min_gain_se=2.0)
-
-
 @pytest.mark.parametrize("case", ["deviations", "memory", "none"])
 def test_selected_yaml_carries_the_keys_a_chosen_value_reads(real_pack, tmp_path, monkeypatch, case):
     """deviation_prob > 0 reads extract.deviations and memory_k the (sampled) extract.memory: when those were set in
@@ -442,31 +336,3 @@ def test_selected_yaml_carries_the_keys_a_chosen_value_reads(real_pack, tmp_path
         assert merged.extract.memory_rule == ("sampled", 2)
     else:
         assert fragment["incremental"]["deviation_prob"] == 0.0 and "extract" not in fragment
-
-
-def test_a_single_branch_rows_selection_runs_its_projector_and_refuses_what_it_lacks(real_pack, tmp_path,
-                                                                                      monkeypatch):
-    """`variant: single_ssm` selects its own session settings (here grad_clip_norm) on its own projector, nested
-    under variant_params.single_ssm; a candidate its projector cannot take (g_inc started from g_base: it has no
-    g_inc) is refused in one line before any pseudo pack is written."""
-    params, paths = real_pack
-    values = yaml.safe_load(params.read_text())
-    cfg = build_config({**values, "variant": "single_ssm"})
-    seen: list = []
-
-    def run(cand, *args):
-        seen.append((cand.model.projector, cand.incremental.grad_clip_norm))
-        return {"avg": 60.0 + 2.0 * (cand.incremental.grad_clip_norm == 1.0), "final": 1.0, "pd": 1.0, "base": 1.0,
-                "sessions": {}}
-
-    monkeypatch.setattr(selection, "run_candidate", run)
-    sets = SelectionConfig(**{**TINY_SELECTION, "freeze_base": [False], "grad_clip_norm": [None, 1.0]})
-    result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
-    assert {projector for projector, _ in seen} == {"single_ssm"} and {clip for _, clip in seen} == {None, 1.0}
-    assert result["chosen"]["incremental.grad_clip_norm"] == 1.0
-    fragment = yaml.safe_load((tmp_path / "out" / "selected.yaml").read_text())
-    assert fragment["variant_params"]["single_ssm"]["incremental"]["grad_clip_norm"] == 1.0
-    with pytest.raises(FSCILError, match=r"candidate incremental.inc_init='base'.*single_ssm") as err:
-        selection.select(cfg, paths.pack, tmp_path / "out2", dataclasses.replace(sets, inc_init=["random", "base"]),
-                         work_dir=tmp_path / "work2")
-    assert "\n" not in str(err.value) and not (tmp_path / "work2").exists()
