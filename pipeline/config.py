@@ -1,9 +1,18 @@
-"""Typed configuration: params.yaml over its preset and variant -> a validated `Config` of the sections in
-pipeline/config_sections.py, plus the checks that need the data (`check_against_data`) and DVC's per-stage values.
+"""Typed configuration: the layers that set each value, merged into a validated `Config` of the sections in
+pipeline/config_sections.py, plus the checks that need the data (`check_against_data`) and what DVC tracks.
 
-params.yaml names a `preset` (pipeline/presets/<name>.yaml) that gives every key a value; any non-null key in
-params.yaml overrides it. `load_config` merges the two and returns a validated `Config`; an unknown key, a wrong
-type or an out-of-range value is an `FSCILError` that names it.
+The precedence rule (README "Configuration"), weakest first; each later layer replaces the earlier ones:
+
+1. `default`: the dataclass field's default, the paper's (or, where the paper is silent, the authors' CIFAR-100) value;
+2. `preset <name>`: pipeline/presets/<name>.yaml (a benchmark's data, architecture and schedules);
+3. `preset <name>: variant_params.<variant>`: what `fscil select` chose for the named variant on that preset;
+4. `variant <name>`: pipeline/variants/<name>.yaml, the keys that make a method or ablation row what its name says;
+5. the params file (params.yaml): the user's own values; a key that is present is set, null included;
+6. `-S section.key=value` on the command line (the syntax of `dvc exp run -S`).
+
+The user's values (5, 6, and a params file's own `variant_params`) are never silently replaced: where the variant
+fixes a key the user also set to another value, loading stops with a one-line error naming both. Every resolved value
+keeps its origin (`Config.origins`, `fscil config show --origin`).
 """
 
 from __future__ import annotations
@@ -32,6 +41,12 @@ VARIANT_DIR = Path(__file__).parent / "variants"
 # every params.yaml section and its dataclass, in params.yaml's order
 SECTION_TYPES: dict[str, type[SectionConfig]] = {**RUN_SECTION_TYPES, "selection": SelectionConfig}
 SECTIONS = tuple(SECTION_TYPES)
+# the top-level keys and their defaults (`variant_params` is a layer of its own, not a value)
+TOP_DEFAULTS: dict[str, Any] = {"preset": "synthetic", "variant": None, "seed": 0, "device": "auto",
+                                "deterministic": True, "threads": 2, "sessions": None}
+TOP_KEYS = (*TOP_DEFAULTS, "variant_params")
+# what a variant file may hold besides params sections: the dotted keys its method needs above zero
+VARIANT_NONZERO = "nonzero"
 
 
 @dataclass
@@ -51,6 +66,13 @@ class Config:
     """params.yaml `sessions`: the incremental sessions `dvc repro` runs (dvc.yaml's foreach); None outside DVC."""
     deterministic: bool = True
     """CUDA only: bit-for-bit reruns in full float32 (true) or the faster kernels (false); `pipeline.device`."""
+    origins: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    """Dotted key -> the layer its value came from (module docstring)."""
+
+    @property
+    def method(self) -> str:
+        """What ran, in words: the variant on the preset (`preset <name>` alone when no variant is named)."""
+        return f"{self.variant or 'preset values'} on {self.preset}"
 
     def to_dict(self, for_digest: bool = False) -> dict[str, Any]:
         """Every value; for_digest: the sections as digests hash them (`SectionConfig.digest_values`)."""
@@ -73,29 +95,105 @@ def available_variants() -> list[str]:
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping from `path`; a missing or unreadable file or a syntax error is one line naming the line."""
     try:
-        values = yaml.safe_load(path.read_text()) or {}
+        values = yaml.safe_load(Path(path).read_text()) or {}
     except FileNotFoundError:
         raise FSCILError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise FSCILError(f"{path}: is a directory, not a YAML file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise FSCILError(f"{path}: cannot be read ({err.__class__.__name__})") from None
     except yaml.YAMLError as err:
-        raise FSCILError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise FSCILError(f"{path}: not valid YAML ({where}{problem})") from None
     if not isinstance(values, dict):
         raise FSCILError(f"{path}: expected a mapping at the top level")
     return values
+
+
+def describe_file(path: Path, limit: int = 110) -> str:
+    """The first comment line of a preset or variant file (what `fscil list` prints)."""
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("#"):
+            text = line.lstrip("# ").strip()
+            return text if len(text) <= limit else text[: limit - 3] + "..."
+    return ""
+
+
+def _variant_file(variant: str) -> dict[str, Any]:
+    if variant not in available_variants():
+        raise FSCILError(f"params: variant {variant!r} does not exist (choose from {', '.join(available_variants())})")
+    return read_yaml(VARIANT_DIR / f"{variant}.yaml")
 
 
 def variant_sections(variant: str | None) -> dict[str, dict[str, Any]]:
     """What a named variant (pipeline/variants/<name>.yaml) sets itself, by section ({} for none)."""
     if variant is None:
         return {}
-    if variant not in available_variants():
-        raise FSCILError(f"params: variant {variant!r} does not exist (choose from {', '.join(available_variants())})")
-    return read_yaml(VARIANT_DIR / f"{variant}.yaml")
+    return {k: v for k, v in _variant_file(variant).items() if k != VARIANT_NONZERO}
 
 
 def variant_keys(variant: str | None) -> set[str]:
-    """The dotted keys a named variant sets itself (they win over the preset, params and variant_params)."""
+    """The dotted keys a named variant fixes (a user's other value for one of them is an error)."""
     return {f"{name}.{key}" for name, section in variant_sections(variant).items() for key in section}
+
+
+def variant_nonzero(variant: str | None) -> list[str]:
+    """The dotted keys a variant's method needs above zero (mamba_fscil: both class-sensitive losses on)."""
+    return list(_variant_file(variant).get(VARIANT_NONZERO, [])) if variant else []
+
+
+def flatten(values: dict[str, Any], where: str, top: bool = True) -> dict[str, Any]:
+    """A params mapping as {dotted key: value}, every key checked against the sections' fields (one-line errors that
+    name `where`); `variant_params` is left out (a layer of its own)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in SECTION_TYPES:
+            if value is None:  # `model:` with nothing under it
+                continue
+            if not isinstance(value, dict):
+                raise FSCILError(f"{where}: {key} must be a mapping of keys to values")
+            names = [f.name for f in dataclasses.fields(SECTION_TYPES[key])]
+            for sub, v in value.items():
+                if sub not in names:
+                    raise FSCILError(f"{where}: unknown key {key}.{sub} (valid: {', '.join(names)})")
+                out[f"{key}.{sub}"] = v
+        elif top and key in TOP_DEFAULTS:
+            out[key] = value
+        elif not (top and key == "variant_params"):
+            valid = f"{', '.join(TOP_KEYS)}, {', '.join(SECTIONS)}" if top else ", ".join(SECTIONS)
+            raise FSCILError(f"{where}: unknown key {key} (valid: {valid})")
+    return out
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`-S section.key=value` (also `+key=value` / `++key=value`, as `dvc exp run -S` writes keys new to params.yaml):
+    {dotted key: value}, each value read as YAML (`null`, numbers, `[1, 2]`, strings)."""
+    out: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, text = item.lstrip("+").partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise FSCILError(f"-S {item}: expected section.key=value (e.g. -S incremental.lambda1=50)")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise FSCILError(f"-S {item}: the value is not valid YAML") from None
+        out[key] = value
+    nested: dict[str, Any] = {}
+    for key, value in out.items():
+        section, dot, sub = key.partition(".")
+        if dot:
+            nested.setdefault(section, {})
+            if not isinstance(nested[section], dict):
+                raise FSCILError(f"-S {key}: {section} is not a params section")
+            nested[section][sub] = value
+        else:
+            nested[key] = value
+    return flatten(nested, "-S")
 
 
 def _variant_params(values: Any, where: str) -> dict[str, dict[str, dict[str, Any]]]:
@@ -111,74 +209,118 @@ def _variant_params(values: Any, where: str) -> dict[str, dict[str, dict[str, An
                              f"(choose from {', '.join(available_variants())})")
         if not isinstance(sections, dict) or not all(isinstance(v, dict) for v in sections.values()):
             raise FSCILError(f"{where}: variant_params.{variant} must map params sections to mappings")
+        flatten(sections, f"{where}: variant_params.{variant}", top=False)
         for name, section in sections.items():
-            if name not in SECTION_TYPES:
-                raise FSCILError(f"{where}: variant_params.{variant}.{name} is not a params section "
-                                 f"(valid: {', '.join(SECTIONS)})")
-            try:  # the section's own key, type and range rules, on these values alone
+            try:  # the section's own type and range rules, on these values alone
                 SECTION_TYPES[name].from_dict(section)
             except FSCILError as err:
                 raise FSCILError(f"{where}: variant_params.{variant}: {str(err).removeprefix('params: ')}") from None
     return values
 
 
-def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Merge params (nulls mean "the preset's value") over the named preset, then, for a named variant (params', else
-    the preset's own `variant`), the values chosen for it (`variant_params`) and the variant's own keys; returns
-    plain dicts."""
-    params = dict(params)
-    top = ("preset", "variant", "seed", "device", "deterministic", "threads", "sessions", "variant_params")
-    unknown = sorted(set(params) - {*top, *SECTIONS})
-    if unknown:
-        raise FSCILError(f"params: unknown key {unknown[0]} (valid: {', '.join(top)}, {', '.join(SECTIONS)})")
-    preset = params.get("preset") or "synthetic"
+def _defaults() -> dict[str, Any]:
+    """Layer 1: every top-level key and section field at its default."""
+    out = dict(TOP_DEFAULTS)
+    for name, cls in SECTION_TYPES.items():
+        for key, value in dataclasses.asdict(cls()).items():
+            out[f"{name}.{key}"] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Layer:
+    origin: str
+    values: dict[str, Any]
+    user: bool = False
+    """The user's own values: never silently replaced (a conflict with the variant is an error)."""
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def resolve_params(params: dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
+                   source: str = "params.yaml") -> tuple[dict[str, Any], dict[str, str]]:
+    """The layers of the module docstring merged: ({dotted key: value}, {dotted key: origin})."""
+    if not isinstance(params, dict):
+        raise FSCILError(f"{source}: expected a mapping at the top level")
+    user = flatten(params, source)
+    cli = parse_overrides(overrides)
+    chosen = {**user, **cli}
+    preset = chosen.get("preset", TOP_DEFAULTS["preset"])
     if preset not in available_presets():
         raise FSCILError(f"params: preset {preset!r} does not exist (choose from {', '.join(available_presets())})")
-    merged = read_yaml(PRESET_DIR / f"{preset}.yaml")
-    merged["preset"] = preset
-    # the row a preset's selection chose as its method (omniglot: dual_ssm), run when params name no variant
-    preset_variant = merged.pop("variant", None)
-    # values chosen for one named variant (`fscil select` run with that variant): the preset's, then params.yaml's
-    per_variant = [_variant_params(merged.pop("variant_params", None), f"preset {preset}"),
-                   _variant_params(params.get("variant_params"), "params")]
-    for key in ("seed", "device", "deterministic", "threads"):
-        if params.get(key) is not None:
-            merged[key] = params[key]
-    for name in SECTIONS:
-        section = params.get(name) or {}
-        if not isinstance(section, dict):
-            raise FSCILError(f"params: {name} must be a mapping")
-        merged.setdefault(name, {})
-        merged[name].update({k: v for k, v in section.items() if v is not None})
-    variant = params.get("variant") or preset_variant
-    # a named ablation row (pipeline/variants/<name>.yaml) is what its name says: the keys it sets (projector, which
-    # losses are off) win over the preset, params.yaml and the values selected for it; every other key comes from them
-    own = variant_sections(variant)
+    preset_values = read_yaml(PRESET_DIR / f"{preset}.yaml")
+    where = f"preset {preset}"
+    for key in ("preset", "variant", "sessions"):
+        if key in preset_values:
+            raise FSCILError(f"{where}: a preset does not set {key} (params.yaml does)")
+    preset_selected = _variant_params(preset_values.pop("variant_params", None), where)
+    user_selected = _variant_params(params.get("variant_params"), source)
+    variant = chosen.get("variant", TOP_DEFAULTS["variant"])
+    if variant is not None and not isinstance(variant, str):
+        raise FSCILError(f"params: variant must be a variant name or null, got {variant!r}")
+    fixed = Layer(f"variant {variant}", flatten(variant_sections(variant), f"variant {variant}", top=False))
+    layers = [Layer("default", _defaults()), Layer(where, flatten(preset_values, where))]
     if variant is not None:
-        for source in per_variant:
-            for name, section in source.get(variant, {}).items():
-                merged[name].update({k: v for k, v in section.items() if v is not None})
-    for name, section in own.items():
-        merged.setdefault(name, {}).update(section)
-    merged["variant"] = variant
-    merged["sessions"] = params.get("sessions")
-    return merged
+        layers.append(Layer(f"{where}: variant_params.{variant}",
+                            flatten(preset_selected.get(variant, {}), where, top=False)))
+    layers.append(fixed)
+    if variant is not None:
+        layers.append(Layer(f"{source}: variant_params.{variant}",
+                            flatten(user_selected.get(variant, {}), source, top=False), user=True))
+    layers += [Layer(source, user, user=True), Layer("-S", cli, user=True)]
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for layer in layers:
+        for key, value in layer.values.items():
+            if layer is not fixed and key in fixed.values and value != fixed.values[key] and layer.origin != "default":
+                if layer.user:
+                    raise FSCILError(f"params: {key} = {_show(value)} ({layer.origin}) conflicts with variant {variant}, "
+                                     f"which fixes it at {_show(fixed.values[key])} (pipeline/variants/{variant}.yaml); "
+                                     "remove one of them")
+                if layer.origin.endswith(f"variant_params.{variant}"):
+                    raise FSCILError(f"{layer.origin} sets {key}, which variant {variant} fixes")
+            values[key] = value
+            origins[key] = layer.origin
+    if origins["data.seed"] == "default":  # the synthetic images and generated protocols follow the run's seed
+        values["data.seed"], origins["data.seed"] = values["seed"], f"seed ({origins['seed']})"
+    return values, origins
 
 
-# what each dvc.yaml stage reads of the resolved config; `fscil stage config` writes one file per stage, and each
-# stage depends on its file, so a changed value (in params.yaml, a preset or a variant) re-runs exactly its readers
+def nest(values: dict[str, Any]) -> dict[str, Any]:
+    """{dotted key: value} back to params sections."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        section, dot, sub = key.partition(".")
+        if dot:
+            out.setdefault(section, {})[sub] = value
+        else:
+            out[key] = value
+    return out
+
+
+# what each dvc.yaml stage reads of the resolved config. `fscil stage config` writes every resolved value to
+# data/config/run.yaml and each stage lists its keys there as DVC params (tests/test_dvc_deps.py checks dvc.yaml
+# against this table): a changed value re-runs exactly its readers, and `dvc exp show` / `dvc params diff` show it.
+# `device` is written resolved (auto -> cpu or cuda), so a run moved to a GPU re-runs the stages that compute.
 STAGE_KEYS = {
     "prepare": ("seed", "data", "sessions"),
-    "base": ("seed", "threads", "data", "model", "base"),
-    "extract": ("seed", "threads", "data", "model", "base", "extract"),
-    "incremental": ("seed", "threads", "data", "model", "base", "incremental"),
+    "base": ("seed", "threads", "device", "deterministic", "data", "model", "base"),
+    "extract": ("seed", "threads", "device", "deterministic", "data", "model", "base", "extract"),
+    "incremental": ("seed", "threads", "device", "deterministic", "data", "model", "base", "extract", "incremental"),
+    "report": ("preset", "variant", "method", "seed", "model.projector"),
 }
 
 
-def stage_config(cfg: Config, stage: str) -> dict[str, Any]:
-    """The resolved values `stage` reads (STAGE_KEYS), as plain data."""
-    full = {**cfg.to_dict(), "sessions": cfg.sessions}
-    return {key: full[key] for key in STAGE_KEYS[stage]}
+def run_values(cfg: Config, device: str | None = None) -> dict[str, Any]:
+    """Every resolved value as data/config/run.yaml holds it: the run's identity (preset, variant, method), the
+    top-level keys (`device` as resolved on this machine when given) and the run sections."""
+    out = {"preset": cfg.preset, "variant": cfg.variant, "method": cfg.method, **cfg.to_dict(),
+           "sessions": cfg.sessions}
+    out["device"] = device or cfg.device
+    out.pop("selection")
+    return out
 
 
 def session_map(count: int, data_dir: str = "data") -> dict[str, str]:
@@ -235,36 +377,56 @@ def check_sessions_match(cfg: Config, num_incremental: int) -> None:
 def preset_model_config(preset: str, overrides: dict[str, Any]) -> tuple[ModelConfig, dict[str, Any]]:
     """A preset's model section with non-null `overrides`, validated alone (the preset's data paths are not needed).
 
-    Returns (ModelConfig, the merged params as plain dicts).
+    Returns (ModelConfig, the merged params as sections).
     """
-    merged = resolve_params({"preset": preset, "model": {k: v for k, v in overrides.items() if v is not None}})
+    values, _ = resolve_params({"preset": preset, "model": {k: v for k, v in overrides.items() if v is not None}})
+    merged = nest(values)
     return ModelConfig.from_dict(merged["model"]), merged
 
 
-def build_config(params: dict[str, Any]) -> Config:
-    merged = resolve_params(params)
-    seed = merged.get("seed", 0)
+def _with_origin(err: FSCILError, origins: dict[str, str]) -> FSCILError:
+    """A section's one-line error with the origin of the key it names appended."""
+    text = str(err)
+    key = text.removeprefix("params: ").split(" ", 1)[0]
+    if key in origins and text.startswith("params: "):
+        return FSCILError(f"{text} (set by {origins[key]})")
+    return err
+
+
+def build_config(params: dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
+                 source: str = "params.yaml") -> Config:
+    """`params` (a params file's mapping, named `source` in errors) and `-S` overrides over their preset and variant
+    (module docstring), validated."""
+    values, origins = resolve_params(params, overrides, source)
+    try:
+        cfg = _build(nest(values))
+        cfg.origins = origins
+        check_combination(cfg)
+        for key in variant_nonzero(cfg.variant):
+            section, name = key.split(".")
+            check(getattr(getattr(cfg, section), name) > 0, section, name,
+                  f"must be > 0 with variant {cfg.variant} (pipeline/variants/{cfg.variant}.yaml: its method trains "
+                  "with it), got 0")
+    except FSCILError as err:
+        raise _with_origin(err, origins) from None
+    return cfg
+
+
+def _build(merged: dict[str, Any]) -> Config:
+    seed = merged["seed"]
     check(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, "", "seed",
-           "must be a non-negative integer")
-    device = merged.get("device", "auto")
+          "must be a non-negative integer")
+    device = merged["device"]
     check(device in ("auto", "cpu", "cuda") or str(device).startswith("cuda:"), "", "device",
-           "must be auto, cpu or cuda[:N]")
-    deterministic = merged.get("deterministic", True)
+          "must be auto, cpu or cuda[:N]")
+    deterministic = merged["deterministic"]
     check(isinstance(deterministic, bool), "", "deterministic", "must be true or false")
-    data = dict(merged["data"])
-    data.setdefault("seed", seed)
-    threads = merged.get("threads", 2)
+    threads = merged["threads"]
     check(isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1, "", "threads",
           "must be a positive integer")
-    cfg = Config(preset=merged["preset"], seed=seed, device=device, threads=threads, variant=merged.get("variant"),
-                 data=DataConfig.from_dict(data),
-                 model=ModelConfig.from_dict(merged["model"]), base=BaseConfig.from_dict(merged["base"]),
-                 extract=ExtractConfig.from_dict(merged["extract"]),
-                 incremental=IncrementalConfig.from_dict(merged["incremental"]),
-                 selection=SelectionConfig.from_dict(merged["selection"]),
-                 sessions=check_session_map(merged.get("sessions")), deterministic=deterministic)
-    check_combination(cfg)
-    return cfg
+    sections = {name: cls.from_dict(merged[name]) for name, cls in SECTION_TYPES.items()}
+    return Config(preset=merged["preset"], seed=seed, device=device, threads=threads, variant=merged["variant"],
+                  sessions=check_session_map(merged["sessions"]), deterministic=deterministic, **sections)
 
 
 def check_combination(cfg: Config) -> None:
@@ -285,5 +447,6 @@ def check_combination(cfg: Config) -> None:
           "needs model.classifier etf (a linear head has no fixed vertices to give)")
 
 
-def load_config(path: str | Path = "params.yaml") -> Config:
-    return build_config(read_yaml(Path(path)))
+def load_config(path: str | Path = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The params file at `path` with `-S` overrides, resolved and validated."""
+    return build_config(read_yaml(Path(path)), overrides, source=str(path))

@@ -1,8 +1,8 @@
 """Typed params sections: the checks every params.yaml section shares (unknown keys, value types).
 
 A section is a dataclass deriving from `SectionConfig`: `from_dict` rejects unknown keys (naming them and the
-valid ones), treats null as "keep the default", and `check_types` (called from `__post_init__`) checks every
-value against its field's type hint. Range checks stay in each section's own `__post_init__`.
+valid ones), and `check_types` (called from `__post_init__`) checks every value against its field's type hint:
+null only where the field's type allows it (`x | None`). Range checks stay in each section's own `__post_init__`.
 """
 
 from __future__ import annotations
@@ -63,6 +63,13 @@ def check_value(section: str, key: str, value: Any, hint: Any) -> Any:
     return value
 
 
+def _type_name(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin in (list, tuple):
+        return "a list"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, "a mapping")
+
+
 class SectionConfig:
     """Mixin for the params.yaml section dataclasses."""
 
@@ -76,7 +83,7 @@ class SectionConfig:
         unknown = [k for k in values if k not in names]
         if unknown:
             raise FSCILError(f"params: unknown key {cls.section}.{unknown[0]} (valid: {', '.join(names)})")
-        return cls(**{k: v for k, v in values.items() if v is not None})
+        return cls(**values)
 
     def digest_values(self) -> dict[str, Any]:
         """The section's values as config digests hash them: every field but an `added_field` at its neutral
@@ -91,5 +98,10 @@ class SectionConfig:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if value is not None:
-                setattr(self, f.name, check_value(self.section, f.name, value, hints[f.name]))
+            if value is None:
+                hint = hints[f.name]
+                check(typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint),
+                      self.section, f.name, f"must be {_type_name(hint)}, got null (leave the key out to keep the "
+                      "value of the layer below)")
+                continue
+            setattr(self, f.name, check_value(self.section, f.name, value, hints[f.name]))

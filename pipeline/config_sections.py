@@ -219,8 +219,8 @@ class BaseConfig(SectionConfig):
     """The last this many epochs train on the training images under the test transform: no crop, no flip, no mixing
     (FixRes's fine-tuning at the test view, Touvron et al. 2019; 0: augmented to the end). Ours: the class means of a
     base model's features then sit where the fixed ETF vertices are fitted, not only those of augmented views."""
-    dr_scale: float = 1.0
-    """Multiplier of the DR loss (the authors use 10)."""
+    dr_scale: float = 10.0
+    """Multiplier of the DR loss (the authors' 10; the paper's eq. has none)."""
     precise_bn: bool = False
     """After training, set the backbone's BatchNorm statistics to the exact ones of the base training images under
     the test transform (ours, not the authors': their statistics follow the augmented, mixed training batches)."""
@@ -310,10 +310,10 @@ class IncrementalConfig(SectionConfig):
     """Copies of each base-class prototype: one value, or one per session."""
     lambda1: float = 100.0
     """Suppression weight on base inputs (eq. loss_supp)."""
-    lambda2: float = 0.0
-    """Activation weight on novel inputs (eq. loss_supp)."""
-    lambda3: float = 0.0
-    """Separation weight (eq. loss_sep)."""
+    lambda2: float = 1e-5
+    """Activation weight on novel inputs (eq. loss_supp; the authors' CIFAR-100 value)."""
+    lambda3: float = 1e-3
+    """Separation weight (eq. loss_sep; the authors' CIFAR-100 value)."""
     suppression: str = "z"
     """What the suppression loss acts on: z (the paper), silu_z, mu_inc."""
     freeze_base: bool = True
@@ -336,7 +336,8 @@ class IncrementalConfig(SectionConfig):
     """Probability that a novel-group row of a batch (a shot, or a replayed earlier novel row) is trained with a
     random base deviation added (a base training map minus its class mean, extract.deviations): five shots show
     little of how a class varies, the base classes show it with every image (ours; 0: off)."""
-    dr_scale: float = 1.0
+    dr_scale: float = 10.0
+    """Multiplier of the DR loss in the sessions (the authors' 10)."""
     grad_clip_norm: float | None = None
     """Clip the norm of the session's whole gradient (every trainable projector and classifier parameter) to this
     value each step (null: no clipping, the paper's setting)."""

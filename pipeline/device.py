@@ -9,12 +9,19 @@ import torch
 from pipeline.errors import FSCILError
 
 
+def resolved_device_name(name: str) -> str:
+    """params `device` as this machine resolves it, without setting anything up: "auto" -> "cuda" or "cpu" (what
+    data/config/run.yaml records, so that a run moved between a CPU and a GPU re-runs the stages that compute)."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
 def resolve_device(name: str, deterministic: bool = True) -> torch.device:
     """"auto" picks CUDA when there is one (this process's local rank under torchrun), else the CPU. A CUDA device
     is also set up for `deterministic` (`configure_cuda`); the CPU needs nothing (its results depend on the thread
     count alone, params `threads`)."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
+    name = resolved_device_name(name)
     if name == "cuda":
         name = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     if name.startswith("cuda"):

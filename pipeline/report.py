@@ -85,21 +85,23 @@ def summarise_prototypes(table: pd.DataFrame) -> dict:
 
 
 def write_report(results: list[dict], metrics_path: Path, out_dir: Path, title: str = "Mamba-FSCIL",
-                 arrays: dict | None = None) -> dict:
+                 arrays: dict | None = None, identity: dict | None = None) -> dict:
     """Write metrics.json (with the prototype baselines' summaries under "prototype" when every session has them),
-    out_dir/sessions.csv and the pictures: accuracy.png, diagnostics.png when the sessions have diagnostics, and
+    out_dir/sessions.csv and the pictures (`identity`, e.g. preset / variant / method / seed, leads metrics.json and
+    is a column of every sessions.csv row): accuracy.png, diagnostics.png when the sessions have diagnostics, and
     from `arrays` (the last session's diagnostics.npz) z_histogram.png, tsne.png and, for projectors that generate
     B, b_maps.png; returns the summary."""
     from pipeline.plots import plot_accuracy, plot_b_maps, plot_diagnostics, plot_tsne, plot_z_histogram
 
+    identity = identity or {}
     table = session_table(results)
-    summary = summarise(table)
+    summary = {**identity, **summarise(table)}
     prototype = summarise_prototypes(table)
     if prototype:
         summary["prototype"] = prototype
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_output(out_dir / "sessions.csv") as tmp:
-        table.to_csv(tmp, index=False)
+        table.assign(**identity).to_csv(tmp, index=False)
     plot_accuracy(table, out_dir / "accuracy.png", title, prototype_columns("backbone")["acc"])
     if table["diag_alignment"].notna().any():
         plot_diagnostics(table, out_dir / "diagnostics.png", f"{title}: diagnostics on test maps")

@@ -74,15 +74,16 @@ def _run(cfg: Config, variant: str, seed: int, work: Path, scratch: Path) -> dic
 
 
 def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out_dir: Path,
-              log: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """Run every (variant, seed) on `params` (a params.yaml mapping); returns the per-session rows of all runs."""
+              log: Callable[[str], None] | None = None, overrides: tuple[str, ...] | list[str] = ()) -> pd.DataFrame:
+    """Run every (variant, seed) on `params` (a params.yaml mapping) with `-S` overrides; returns the per-session rows
+    of all runs."""
     out_dir = Path(out_dir)
     work = out_dir.with_name(out_dir.name + ".work")
     work.mkdir(parents=True, exist_ok=True)
     say = log or (lambda line: None)
     runs_path = work / RUNS_FILE
     runs: dict[str, dict] = json.loads(runs_path.read_text()) if runs_path.is_file() else {}
-    plan = [(variant, seed, build_config({**params, "variant": variant, "seed": seed}))
+    plan = [(variant, seed, build_config({**params, "variant": variant, "seed": seed}, overrides))
             for seed in seeds for variant in variants]
     keys = [run_key(cfg) for _, _, cfg in plan]
     stored = sum(key in runs and not TrainingDiverged.stale(runs[key]) for key in keys)
@@ -112,6 +113,7 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
                          ignore_index=True)
     diverged = {(variant, seed): run["diverged"] for variant, seed, run in named if "diverged" in run}
     write_study(sessions, out_dir, variants, diverged)
+    sessions.attrs["diverged"] = diverged
     return sessions
 
 
@@ -132,27 +134,35 @@ def run_scores(sessions: pd.DataFrame, column: str = "acc") -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def study_table(sessions: pd.DataFrame, variants: list[str], reference: str | None = None) -> pd.DataFrame:
-    """Mean and std over seeds per variant (in the given order), then the backbone prototype baseline of the
-    `reference` variant's runs (default: `reference_variant`), named after it."""
+def study_table(sessions: pd.DataFrame, variants: list[str], reference: str | None = None,
+                diverged: dict[tuple[str, int], str] | None = None) -> pd.DataFrame:
+    """Mean and std over the finished seeds per variant (in the given order), with the count of runs that diverged
+    (`diverged`, default `sessions.attrs["diverged"]`: refused by the divergence check, in no mean), then the backbone
+    prototype baseline of the `reference` variant's runs (default: `reference_variant`), named after it."""
+    diverged = sessions.attrs.get("diverged", {}) if diverged is None else diverged
     reference = reference or reference_variant(variants)
     label = prototype_label(reference)
     method = run_scores(sessions)
     proto = run_scores(sessions[sessions["variant"] == reference], "proto_backbone_acc").assign(
         variant=label, params=float("nan"))  # no trained parameters
     scores = pd.concat([method, proto], ignore_index=True)
-    order = [v for v in variants if v in set(scores["variant"])] + [label]
+    order = [v for v in variants if v in set(scores["variant"]) or any(d == v for d, _ in diverged)] + [label]
     grouped = scores.groupby("variant", sort=False)
     table = grouped[[*SCORES, "vs_proto", "novel_s1"]].agg(["mean", "std"]).reindex(order)
-    table[("seeds", "n")] = grouped.size().reindex(order)
+    table[("seeds", "n")] = grouped.size().reindex(order).fillna(0)
+    table[("diverged", "n")] = [sum(d == v for d, _ in diverged) for v in order]
     table[("params", "final")] = grouped["params"].max().reindex(order)  # the projector's, in the last session
     return table
 
 
+MEAN_RULE = ("Means and stds are over the finished runs of each row; a run that diverged (stopped by the divergence "
+             "check) enters no mean and is counted under diverged.")
+
+
 def table_markdown(table: pd.DataFrame) -> str:
     """The study table as markdown, `mean +- std` per score."""
-    head = ("| variant | seeds | BASE | FINAL | AVG | PD | AVG - own class means | novel acc. after session 1 "
-            "| projector parameters |\n|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| variant | finished | diverged | BASE | FINAL | AVG | PD | AVG - own class means | novel acc. after "
+            "session 1 | projector parameters |\n|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for variant, row in table.iterrows():
         cells = [f"{row[(s, 'mean')]:.2f} ± {row[(s, 'std')]:.2f}" for s in SCORES]
@@ -161,8 +171,9 @@ def table_markdown(table: pd.DataFrame) -> str:
         cells.append(f"{row[('novel_s1', 'mean')]:.2f} ± {row[('novel_s1', 'std')]:.2f}")
         params = row[("params", "final")]
         cells.append("-" if pd.isna(params) else f"{int(params):,}")
-        lines.append(f"| {variant} | {int(row[('seeds', 'n')])} | " + " | ".join(cells) + " |")
-    return head + "\n".join(lines) + "\n"
+        lines.append(f"| {variant} | {int(row[('seeds', 'n')])} | {int(row[('diverged', 'n')])} | "
+                     + " | ".join(cells) + " |")
+    return head + "\n".join(lines) + "\n\n" + MEAN_RULE + "\n"
 
 
 def plot_study(sessions: pd.DataFrame, variants: list[str], path: Path, title: str) -> None:
@@ -196,7 +207,7 @@ def write_study(sessions: pd.DataFrame, out_dir: Path, variants: list[str],
     """out_dir/{sessions.csv (every run's sessions), runs.csv (scores per run), table.csv, table.md, accuracy.png};
     `diverged` runs ((variant, seed) -> message) are listed under the table, not averaged."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    table = study_table(sessions, variants)
+    table = study_table(sessions, variants, diverged=diverged or {})
     with atomic_output(out_dir / "sessions.csv") as tmp:
         sessions.to_csv(tmp, index=False)
     with atomic_output(out_dir / "runs.csv") as tmp:

@@ -27,6 +27,8 @@ app.add_typer(model_app, name="model")
 app.add_typer(config_app, name="config")
 
 ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read.")]
+SetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", "-S", help="Override one value: -S section.key=value (repeatable; `dvc exp run -S` syntax).")]
 DataDirOpt = Annotated[Path, typer.Option("--data-dir", help="Directory of the pipeline's artifacts.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
 
@@ -50,11 +52,11 @@ def _run(name: str, fn, *args, timed: bool = True, **kwargs):
     return result
 
 
-def _config(params: Path):
+def _config(params: Path, overrides: list[str] | None = None):
     from pipeline.config import load_config
 
     try:
-        cfg = load_config(params)
+        cfg = load_config(params, overrides or ())
     except FSCILError as err:
         _fail(str(err), FSCILError.exit_code)
     # CPU results depend on the intra-op thread count (reductions split differently), so it is a param
@@ -75,49 +77,53 @@ def _show(summary: dict, keys: tuple[str, ...]) -> None:
 
 
 @stage_app.command("config")
-def config_stage(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data")) -> None:
-    """Validate params.yaml over its preset and variant, and write the values each stage reads to
-    data/config/<stage>.yaml (what dvc.yaml's stages depend on)."""
+def config_stage(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"),
+                 overrides: SetOpt = None) -> None:
+    """Resolve params.yaml over its preset and variant and write every value that runs to data/config/run.yaml
+    (device as resolved on this machine): the stages list the keys they read there as DVC params."""
     import yaml
 
     from pipeline.atomic import atomic_write_text
-    from pipeline.config import STAGE_KEYS, stage_config
+    from pipeline.config import run_values
+    from pipeline.device import resolved_device_name
 
-    cfg = _config(params)
-    for stage in STAGE_KEYS:
-        atomic_write_text(_paths(data_dir).config(stage), yaml.safe_dump(stage_config(cfg, stage), sort_keys=True))
-    typer.echo(f"config: {', '.join(str(_paths(data_dir).config(s)) for s in STAGE_KEYS)}")
+    cfg = _config(params, overrides)
+    path = _paths(data_dir).run_config
+    device = _run("config", resolved_device_name, cfg.device, timed=False)
+    atomic_write_text(path, yaml.safe_dump(run_values(cfg, device), sort_keys=False))
+    typer.echo(f"config: {cfg.method}, seed {cfg.seed}, device {device} -> {path}")
 
 
 @stage_app.command("prepare")
-def prepare(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data")) -> None:
+def prepare(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"), overrides: SetOpt = None
+            ) -> None:
     """Convert the configured dataset (or the synthetic default) into the HDF5 image pack data/pack.h5."""
     from stages import prepare as stage
 
-    cfg = _config(params)
+    cfg = _config(params, overrides)
     summary = _run("prepare", stage.run, dataclasses.asdict(cfg.data), _paths(data_dir).pack, cfg)
     _show(summary, ("dataset", "num_images", "num_classes", "num_sessions", "content_hash", "seconds"))
 
 
 @stage_app.command("base")
-def base(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"), quiet: QuietOpt = False
-         ) -> None:
+def base(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"), quiet: QuietOpt = False,
+         overrides: SetOpt = None) -> None:
     """Train backbone, p_iden and g_base on the base session; resumes from data/base.resume when interrupted."""
     from stages import base as stage
 
-    cfg = _config(params)
+    cfg = _config(params, overrides)
     summary = _run("base", stage.run, cfg, _paths(data_dir), show_progress=not quiet)
     if summary:
         _show(summary, ("acc", "epochs", "steps", "world_size", "seconds"))
 
 
 @stage_app.command("extract")
-def extract(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"), quiet: QuietOpt = False
-            ) -> None:
+def extract(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"), quiet: QuietOpt = False,
+            overrides: SetOpt = None) -> None:
     """Cache the frozen backbone's maps (test set, few-shot images, base class means) in data/features.zarr."""
     from stages import extract as stage
 
-    cfg = _config(params)
+    cfg = _config(params, overrides)
     _show(_run("extract", stage.run, cfg, _paths(data_dir), show_progress=not quiet),
           ("test", "fewshot", "base_classes", "map_shape", "seconds"))
 
@@ -125,23 +131,26 @@ def extract(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path
 @stage_app.command("incremental")
 def incremental(session: Annotated[int, typer.Option("--session", "-s", help="Incremental session (1..S).")],
                 params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"),
-                quiet: QuietOpt = False) -> None:
+                quiet: QuietOpt = False, overrides: SetOpt = None) -> None:
     """Train g_inc for one session on cached features; session N needs session N-1 done."""
     from stages import incremental as stage
 
-    cfg = _config(params)
+    cfg = _config(params, overrides)
     _show(_run(f"incremental session {session}", stage.run, cfg, _paths(data_dir), session,
                show_progress=not quiet), ("session", "acc", "base_acc", "novel_acc", "seconds"))
 
 
 @stage_app.command("report")
-def report(data_dir: DataDirOpt = Path("data"),
+def report(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"),
            metrics: Annotated[Path, typer.Option(help="Where to write the DVC metrics file.")] = Path("metrics.json"),
-           ) -> None:
-    """Per-session table (data/report/sessions.csv), accuracy plot and metrics.json (AVG, PD, final)."""
+           overrides: SetOpt = None) -> None:
+    """Per-session table (data/report/sessions.csv), plots and metrics.json (AVG, PD, final), each naming the preset,
+    variant and seed that ran."""
     from stages import report as stage
 
-    summary = _run("report", stage.run, _paths(data_dir), metrics)
+    cfg = _config(params, overrides)
+    summary = _run("report", stage.run, _paths(data_dir), metrics, cfg)
+    typer.echo(f"{summary['method']}, seed {summary['seed']}")
     typer.echo(" ".join(f"{k}={v:.2f}" for k, v in summary["sessions"].items()))
     typer.echo(f"AVG {summary['avg']:.2f}  PD {summary['pd']:.2f}  final {summary['final']:.2f}")
 
@@ -150,7 +159,7 @@ def report(data_dir: DataDirOpt = Path("data"),
 def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"),
               out: Annotated[Path | None, typer.Option("--out", help="Output folder (default: <data-dir>/selection).")
                              ] = None,
-              quiet: QuietOpt = False) -> None:
+              quiet: QuietOpt = False, overrides: SetOpt = None) -> None:
     """Choose architecture and loss weights on pseudo-incremental tasks from the base session's training data only
     (the paper's protocol; slow, not part of `dvc repro`). Writes selection.csv, selected.yaml, selection.json.
     Stages before the loss weights score their candidates with lambda2 = lambda3 = 0 (the paper's order), whatever
@@ -160,7 +169,7 @@ def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Pa
 
     from stages import select as stage
 
-    cfg = _config(params)
+    cfg = _config(params, overrides)
     out = out or data_dir / "selection"
     log = None if quiet else (lambda line: typer.echo(line, err=True))
     result = _run("select", stage.run, cfg, _paths(data_dir), out, log=log)
@@ -171,33 +180,66 @@ def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Pa
 
 @app.command("study")
 def study(variants: Annotated[str, typer.Option(help="Comma-separated variants (pipeline/variants/).")] = (
-              "mlp_baseline,single_ssm,dual_ssm,dual_ssm_supp,mamba_fscil"),
+              "mlp_baseline,single_ssm,dual_ssm,mamba_fscil"),
           seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
           params: ParamsOpt = Path("params.yaml"),
           out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("data/studies/ablation"),
-          quiet: QuietOpt = False) -> None:
+          quiet: QuietOpt = False, overrides: SetOpt = None) -> None:
     """Run named variants x seeds through the pipeline's training code and write mean +- std tables and a plot
     (out/table.md, table.csv, runs.csv, sessions.csv, accuracy.png); slow, not part of `dvc repro`."""
     from pipeline.config import read_yaml
     from pipeline.study import run_study, study_table, table_markdown
 
-    _config(params)  # validates params.yaml and pins the thread count
+    _config(params, overrides)  # validates params.yaml and pins the thread count
     names = [v.strip() for v in variants.split(",") if v.strip()]
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
         _fail(f"--seeds must be comma-separated integers, got {seeds!r}", FSCILError.exit_code)
     log = None if quiet else (lambda line: typer.echo(line, err=True))
-    sessions = _run("study", run_study, read_yaml(params), names, seed_list, out, log=log)
+    sessions = _run("study", run_study, read_yaml(params), names, seed_list, out, log=log,
+                    overrides=overrides or ())
     typer.echo(table_markdown(study_table(sessions, names)))
 
 
 @config_app.command("show")
-def config_show(params: ParamsOpt = Path("params.yaml")) -> None:
-    """Print the configuration after merging params.yaml over its preset."""
+def config_show(params: ParamsOpt = Path("params.yaml"), overrides: SetOpt = None,
+                origin: Annotated[bool, typer.Option("--origin", help="Each value with the layer it came from.")]
+                = False) -> None:
+    """Print the configuration that runs: params.yaml and -S over its preset and variant."""
     import yaml
 
-    typer.echo(yaml.safe_dump(_config(params).to_dict(), sort_keys=False))
+    cfg = _config(params, overrides)
+    if not origin:
+        typer.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        return
+    from pipeline.config import flatten
+
+    values = flatten({**cfg.to_dict(), "sessions": cfg.sessions}, "config")
+    width = min(48, max(len(f"{k}: {_value(v)}") for k, v in values.items()))
+    for key, value in values.items():
+        typer.echo(f"{f'{key}: {_value(value)}':<{width}}  # {cfg.origins.get(key, 'default')}")
+
+
+def _value(value) -> str:
+    import json as _json
+
+    if value is None or isinstance(value, bool):
+        return _json.dumps(value)
+    return _json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+@app.command("list")
+def list_choices() -> None:
+    """The presets (pipeline/presets/) and variants (pipeline/variants/), one line each."""
+    from pipeline.config import PRESET_DIR, VARIANT_DIR, available_presets, available_variants, describe_file
+
+    for title, folder, names in (("presets", PRESET_DIR, available_presets()),
+                                 ("variants", VARIANT_DIR, available_variants())):
+        typer.echo(f"{title} ({folder.relative_to(folder.parents[1])}/):")
+        width = max(len(n) for n in names)
+        for name in names:
+            typer.echo(f"  {name:<{width}}  {describe_file(folder / f'{name}.yaml')}")
 
 
 @config_app.command("sessions")

@@ -10,9 +10,10 @@ from pathlib import Path
 class StagePaths:
     data_dir: Path = Path("data")
 
-    def config(self, stage: str) -> Path:
-        """The resolved config values `stage` reads (written by `fscil stage config`)."""
-        return self.data_dir / "config" / f"{stage}.yaml"
+    @property
+    def run_config(self) -> Path:
+        """Every resolved value that runs (written by `fscil stage config`; the stages' DVC params)."""
+        return self.data_dir / "config" / "run.yaml"
 
     @property
     def pack(self) -> Path:

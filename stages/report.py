@@ -21,11 +21,19 @@ def _read(path: Path) -> dict:
         raise FSCILError(f"{path}: not valid JSON") from None
 
 
-def run(paths: StagePaths, metrics_path: Path) -> dict:
-    """Collect session 0 (the base stage) and every incremental session of the protocol; all must be done."""
+def run(paths: StagePaths, metrics_path: Path, cfg) -> dict:
+    """Collect session 0 (the base stage) and every incremental session of the protocol (all must be done, and made
+    by the preset, variant and seed of `cfg`)."""
     base = _read(paths.base / "metrics.json")
     results = [base] + [_read(paths.session(s) / "metrics.json") for s in range(1, int(base["num_sessions"]))]
-    title = f"Mamba-FSCIL: {base.get('projector', '?')} projector, {base.get('preset', '?')} preset"
+    for result in results[1:]:
+        made = {k: result[k] for k in ("preset", "variant", "seed") if k in result}
+        want = {"preset": cfg.preset, "variant": cfg.variant, "seed": cfg.seed}
+        if any(made[k] != want[k] for k in made):
+            raise FSCILError(f"session {result['session']} was made by {made}, the params name {want}: run the "
+                             "sessions again (dvc repro)")
+    title = f"Mamba-FSCIL: {cfg.method}, seed {cfg.seed} ({cfg.model.projector} projector)"
     last = paths.session(int(base["num_sessions"]) - 1) / ARRAYS_FILE
     arrays = dict(np.load(last)) if last.is_file() else None
-    return write_report(results, metrics_path, paths.report, title, arrays)
+    identity = {"preset": cfg.preset, "variant": cfg.variant, "method": cfg.method, "seed": cfg.seed}
+    return write_report(results, metrics_path, paths.report, title, arrays, identity)

@@ -57,10 +57,7 @@ def cli(*args: str):
 
 
 def run_stage(name: str, params: Path, data_dir: Path, *extra: str):
-    args = ["stage", name]
-    if name != "report":
-        args += ["--params", str(params)]
-    args += ["--data-dir", str(data_dir), *extra]
+    args = ["stage", name, "--params", str(params), "--data-dir", str(data_dir), *extra]
     if name not in ("prepare", "report"):
         args.append("--quiet")
     result = cli(*args)

@@ -104,17 +104,17 @@ def test_stage_deps_cover_its_import_closure(name):
 
 
 @pytest.mark.parametrize("name", sorted(STAGE_KEYS))
-def test_stage_depends_on_its_resolved_config(name):
-    """Preset and variant files are read through `fscil stage config`: each stage depends on its own file of it,
-    and the config stage on the presets, the variants and every params key."""
-    assert f"data/config/{name}.yaml" in STAGES[name]["deps"]
+def test_stage_params_are_the_resolved_values_it_reads(name):
+    """Preset and variant files are read through `fscil stage config`, which writes every resolved value to
+    data/config/run.yaml: each stage lists exactly its STAGE_KEYS there as DVC params (device and deterministic
+    included where a stage computes), and the config stage depends on the presets, the variants and params.yaml."""
+    assert STAGES[name]["params"] == [{"data/config/run.yaml": list(STAGE_KEYS[name])}]
     config = STAGES["config"]
     assert {"pipeline/presets", "pipeline/variants"} <= set(config["deps"])
-    outs = {next(iter(o)) if isinstance(o, dict) else o for o in config["outs"]}
-    assert outs == {f"data/config/{s}.yaml" for s in STAGE_KEYS}
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    # results must not depend on the device, nor on how exactly it rounds (`deterministic`)
-    assert set(config["params"]) == set(params) - {"selection", "device", "deterministic"}
+    assert config["params"] == [{"params.yaml": None}]
+    assert [next(iter(o)) for o in config["outs"]] == ["data/config/run.yaml"]
+    for key in ("device", "deterministic"):
+        assert (key in STAGE_KEYS[name]) == (name in ("base", "extract", "incremental"))
 
 
 def test_closure_sees_lazy_imports():

@@ -69,9 +69,9 @@ def test_dvc_repro_runs_the_sessions_params_list_and_reruns_exactly_the_readers(
     base_bytes = (tmp_path / "data" / "base" / "model.safetensors").read_bytes()
     preset = tmp_path / "pipeline" / "presets" / "synthetic.yaml"
     text = preset.read_text()
-    assert "  dr_scale: 10.0\n" in text.split("incremental:")[1].split("selection:")[0]
-    head, tail = text.split("incremental:")
-    preset.write_text(head + "incremental:" + tail.replace("  dr_scale: 10.0\n", "  dr_scale: 5.0\n", 1))
+    assert "  dr_scale: 10.0\n" in text.split("\nincremental:")[1].split("selection:")[0]
+    head, tail = text.split("\nincremental:")
+    preset.write_text(head + "\nincremental:" + tail.replace("  dr_scale: 10.0\n", "  dr_scale: 5.0\n", 1))
     assert _ran(_run([str(DVC), "repro"], tmp_path)) == {"config", "report"} | sessions
     assert (tmp_path / "data" / "base" / "model.safetensors").read_bytes() == base_bytes
     assert json.loads((tmp_path / "metrics.json").read_text())["sessions"]["s0"] == metrics["sessions"]["s0"]
@@ -80,6 +80,17 @@ def test_dvc_repro_runs_the_sessions_params_list_and_reruns_exactly_the_readers(
     params["base"] = {**params["base"], "lr": 0.05}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     assert _ran(_run([str(DVC), "repro"], tmp_path)) == {"config", "base", "extract", "report"} | sessions
+
+    # the device (recorded as resolved) and `deterministic`: every stage that computes is out of date, prepare and
+    # the report are not (checked with `dvc status` after the config stage alone: this machine may have no GPU)
+    run_yaml = tmp_path / "data" / "config" / "run.yaml"
+    assert yaml.safe_load(run_yaml.read_text())["device"] == "cpu"
+    computing = {"base", "extract"} | sessions
+    for change in ({"device": "cuda"}, {"deterministic": False}):
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump({**params, **change}))
+        assert _ran(_run([str(DVC), "repro", "config"], tmp_path)) == {"config"}
+        status = json.loads(_run([str(DVC), "status", "--json"], tmp_path).splitlines()[-1])
+        assert set(status) == computing, change
 
 
 def test_dvc_repro_stops_on_a_session_list_that_does_not_match_the_data(tmp_path):

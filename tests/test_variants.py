@@ -1,59 +1,104 @@
-"""Named ablation variants (pipeline/variants/): each paper row sets its projector *and* the losses it uses."""
+"""Named variants (pipeline/variants/): the paper's method, our additions, and each paper table's rows."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from pipeline.config import PRESET_DIR, available_presets, available_variants, build_config, read_yaml
+from pipeline.config import (
+    PRESET_DIR,
+    VARIANT_DIR,
+    available_presets,
+    available_variants,
+    build_config,
+    read_yaml,
+    variant_keys,
+)
 from pipeline.errors import FSCILError
 
-ROWS = {  # paper table "ablation": (projector, class-sensitive losses on?)
-    "mlp_baseline": ("mlp", False),
-    "single_ssm": ("single_ssm", False),
-    "dual_ssm": ("dual_ssm", False),
-    "dual_ssm_frozen": ("dual_ssm", False),
-    "mamba_fscil": ("dual_ssm", True),
+ROWS = {  # paper table "ablation", one numbering: row -> (variant, projector, class-sensitive losses on?)
+    1: ("mlp_baseline", "mlp", False),
+    2: ("single_ssm", "single_ssm", False),
+    3: ("dual_ssm", "dual_ssm", False),
+    4: ("mamba_fscil", "dual_ssm", True),
 }
-CPU_PRESETS = ("synthetic", "omniglot")
+# what the paper's method is (sections 3-4): frozen base parts in the sessions, suppression on Z, class-mean memory
+PAPER_METHOD = {"model.projector": "dual_ssm", "model.classifier": "etf", "model.out_norm": False,
+                "extract.memory": "mean", "incremental.freeze_base": True, "incremental.suppression": "z",
+                "incremental.replay": "mean", "incremental.inc_init": "random", "incremental.vertex_match": False}
 
 
-def _params(preset: str, variant: str, **incremental) -> dict:
+def _params(preset: str, variant: str | None, **incremental) -> dict:
     data = {"root": "/nonexistent"} if preset != "synthetic" else {}
     if preset in ("cifar100", "mini_imagenet", "cub200"):
         data["split_dir"] = "/nonexistent"
-    return {"preset": preset, "variant": variant, "data": data, "incremental": incremental}
+    return {"preset": preset, "variant": variant, "data": data, **({"incremental": incremental} if incremental else {})}
+
+
+def _get(cfg, dotted: str):
+    section, key = dotted.split(".")
+    return getattr(getattr(cfg, section), key)
 
 
 @pytest.mark.parametrize("preset", available_presets())
-@pytest.mark.parametrize("variant", sorted(ROWS))
-def test_ablation_rows_set_projector_and_losses(preset, variant):
+@pytest.mark.parametrize("row", sorted(ROWS))
+def test_ablation_rows_set_projector_and_losses_and_say_their_row(preset, row):
+    variant, projector, losses_on = ROWS[row]
     cfg = build_config(_params(preset, variant))
-    projector, losses_on = ROWS[variant]
     assert cfg.model.projector == projector and cfg.variant == variant
     lambdas = (cfg.incremental.lambda1, cfg.incremental.lambda2, cfg.incremental.lambda3)
-    if losses_on:  # the preset's (selected) weights are kept: its top-level values (every preset sets them)
+    if losses_on:  # the preset's weights, both losses on
         top = read_yaml(PRESET_DIR / f"{preset}.yaml")["incremental"]
         assert lambdas == (top["lambda1"], top["lambda2"], top["lambda3"])
-        assert cfg.incremental.lambda1 > 0
+        assert cfg.incremental.lambda1 > 0 and cfg.incremental.lambda3 > 0
     else:
         assert lambdas == (0.0, 0.0, 0.0)
+    first = (VARIANT_DIR / f"{variant}.yaml").read_text().splitlines()[0]
+    assert re.search(rf"\brow {row}\b", first), first  # the file's own row number is the paper's
 
 
-def test_supp_only_and_linear_rows():
-    supp = build_config(_params("synthetic", "dual_ssm_supp"))
-    full = build_config(_params("synthetic", "mamba_fscil"))
-    assert supp.incremental.lambda3 == 0 and supp.incremental.lambda1 == full.incremental.lambda1
+@pytest.mark.parametrize("preset", available_presets())
+def test_mamba_fscil_is_the_papers_method_on_every_preset(preset):
+    cfg = build_config(_params(preset, "mamba_fscil"))
+    for key, value in PAPER_METHOD.items():
+        assert _get(cfg, key) == value, key
+        assert cfg.origins[key] in (f"variant mamba_fscil", f"preset {preset}", "default"), key
+    assert cfg.incremental.lambda1 > 0 and cfg.incremental.lambda3 > 0
+    # every preset's own values are the paper's method too: the variant changes nothing there
+    plain = build_config(_params(preset, None))
+    assert {k: v for k, v in plain.to_dict().items() if k != "variant"} == \
+        {k: v for k, v in cfg.to_dict().items() if k != "variant"}
+
+
+@pytest.mark.parametrize("preset", available_presets())
+def test_mamba_fscil_plus_differs_from_the_paper_by_the_additions_its_files_list(preset):
+    paper = build_config(_params(preset, "mamba_fscil")).to_dict()
+    plus_cfg = build_config(_params(preset, "mamba_fscil_plus"))
+    plus = plus_cfg.to_dict()
+    listed = variant_keys("mamba_fscil_plus") | {
+        f"{s}.{k}" for s, v in (read_yaml(PRESET_DIR / f"{preset}.yaml").get("variant_params") or {}).get(
+            "mamba_fscil_plus", {}).items() for k in v}
+    differ = {f"{s}.{k}" for s in paper if isinstance(paper[s], dict) for k in paper[s] if paper[s][k] != plus[s][k]}
+    assert differ <= listed and {"incremental.freeze_base", "incremental.replay"} <= differ
+    assert plus_cfg.incremental.freeze_base is False and plus_cfg.incremental.replay == "shots"
+
+
+@pytest.mark.parametrize("target", ["z", "silu_z", "mu_inc"])
+def test_suppression_rows_run_as_the_papers_table(target):
+    """tab. supp_comparison: lambda2 = lambda3 = 0, lambda1 from the preset, the target named by the row."""
+    cfg = build_config(_params("synthetic", f"supp_{target}"))
+    assert cfg.incremental.suppression == target
+    assert (cfg.incremental.lambda2, cfg.incremental.lambda3) == (0.0, 0.0) and cfg.incremental.lambda1 > 0
+    assert cfg.incremental.freeze_base is True
+
+
+def test_linear_row_and_the_variant_list():
     lin = build_config(_params("synthetic", "linear_ce"))
-    assert lin.model.classifier == "linear" and full.model.classifier == "etf"
-    assert set(available_variants()) >= set(ROWS) | {"dual_ssm_supp", "linear_ce"}
-
-
-def test_a_variant_wins_on_the_keys_it_sets_and_unknown_variant_is_an_error():
-    cfg = build_config(_params("synthetic", "mamba_fscil", lambda1=3.0))
-    assert cfg.incremental.lambda1 == 3.0  # mamba_fscil leaves the weights to the preset / params
-    row3 = build_config(_params("synthetic", "dual_ssm", lambda1=3.0, lambda3=0.5, lr=0.05))
-    assert (row3.incremental.lambda1, row3.incremental.lambda3) == (0.0, 0.0)  # the row has no such losses
-    assert row3.incremental.lr == 0.05  # keys it does not set still come from params
+    assert lin.model.classifier == "linear" and lin.incremental.lambda3 > 0
+    names = set(available_variants())
+    assert {r[0] for r in ROWS.values()} | {"mamba_fscil_plus", "linear_ce", "supp_z"} <= names
+    assert not names & {"dual_ssm_frozen", "dual_ssm_supp"}  # rows the paper's tables do not have
     with pytest.raises(FSCILError, match="variant 'nope' does not exist"):
         build_config(_params("synthetic", "nope"))
 
@@ -64,46 +109,9 @@ def test_single_branch_with_class_sensitive_losses_is_a_config_error():
         build_config({"preset": "synthetic", "model": {"projector": "single_ssm"}})
 
 
-@pytest.mark.parametrize("preset", available_presets())
-def test_the_frozen_dual_row_differs_from_dual_only_in_freezing(preset):
-    """dual_ssm follows the preset's selected freeze_base; dual_ssm_frozen is the paper's frozen design. Everything
-    else, the base model's sections included (so a study shares one base model between them), is the same."""
-    dual, frozen = (build_config(_params(preset, v)) for v in ("dual_ssm", "dual_ssm_frozen"))
-    assert frozen.incremental.freeze_base is True
-    assert dual.incremental.freeze_base == build_config(_params(preset, None)).incremental.freeze_base
-    a, b = dual.to_dict(), frozen.to_dict()
-    assert {k for k in a if a[k] != b[k]} <= {"variant", "incremental"}
-    assert {k for k in a["incremental"] if a["incremental"][k] != b["incremental"][k]} <= {"freeze_base"}
-
-
-def test_variant_params_apply_to_their_variant_only_params_over_preset_variant_keys_last(tmp_path, monkeypatch):
-    """`variant_params` (values `fscil select` chose for one variant): the preset's entry, then params.yaml's, over
-    the preset for that variant alone; the variant's own keys still win (a row is what its name says)."""
-    import yaml
-
-    import pipeline.config as config
-
-    preset = yaml.safe_load((config.PRESET_DIR / "synthetic.yaml").read_text())
-    preset["variant_params"] = {"linear_ce": {"incremental": {"lr": 0.01, "grad_clip_norm": 2.0}},
-                                "dual_ssm_frozen": {"incremental": {"lr": 0.03, "lambda1": 5.0}}}
-    (tmp_path / "tuned.yaml").write_text(yaml.safe_dump(preset))
-    monkeypatch.setattr(config, "PRESET_DIR", tmp_path)
-    lin = build_config(_params("tuned", "linear_ce"))
-    assert (lin.incremental.lr, lin.incremental.grad_clip_norm, lin.model.classifier) == (0.01, 2.0, "linear")
-    plain = build_config(_params("tuned", "dual_ssm"))
-    assert (plain.incremental.lr, plain.incremental.grad_clip_norm) == (preset["incremental"]["lr"], None)
-    frozen = build_config(_params("tuned", "dual_ssm_frozen"))
-    assert frozen.incremental.lr == 0.03 and frozen.incremental.lambda1 == 0.0  # the row has no suppression
-    # params.yaml's entry over the preset's, key by key; a plain params.yaml key does not beat a variant's value
-    params = {**_params("tuned", "linear_ce", lr=0.5), "variant_params": {"linear_ce": {"incremental": {"lr": 0.02}}}}
-    lin = build_config(params)
-    assert (lin.incremental.lr, lin.incremental.grad_clip_norm) == (0.02, 2.0)
-    assert build_config({**params, "variant": None}).incremental.lr == 0.5
-
-
 @pytest.mark.parametrize("values,needle", [
     ({"linear": {}}, "names variant 'linear', which does not exist"),
-    ({"linear_ce": {"incr": {"lr": 0.1}}}, "variant_params.linear_ce.incr is not a params section"),
+    ({"linear_ce": {"incr": {"lr": 0.1}}}, "variant_params.linear_ce: unknown key incr"),
     ({"linear_ce": {"incremental": {"lrr": 0.1}}}, "variant_params.linear_ce: unknown key incremental.lrr"),
     ({"linear_ce": {"incremental": {"lr": 0}}}, "variant_params.linear_ce: incremental.lr must be > 0"),
     ({"linear_ce": 3}, "variant_params.linear_ce must map params sections"),
@@ -112,17 +120,3 @@ def test_variant_params_apply_to_their_variant_only_params_over_preset_variant_k
 def test_bad_variant_params_name_the_key(values, needle):
     with pytest.raises(FSCILError, match=needle.replace(".", r"\.").replace("(", r"\(")):
         build_config({**_params("synthetic", None), "variant_params": values})
-    with pytest.raises(FSCILError, match="must be > 0"):  # the same when that variant is built
-        build_config({**_params("synthetic", "linear_ce"), "variant_params": {"linear_ce": {"incremental": {"lr": 0}}}})
-
-
-def test_a_preset_runs_the_variant_it_names_when_params_name_none():
-    """omniglot's selection chose row 3 (dual_ssm, the loss switched off): with no variant in params its stages run
-    that row with the values selected for it, so `dvc repro` gives the selected method; a variant in params wins."""
-    plain, dual = (build_config(_params("omniglot", v)) for v in (None, "dual_ssm"))
-    assert plain.variant == "dual_ssm" and plain.to_dict() == dual.to_dict()
-    assert plain.model.out_norm and plain.incremental.inc_init == "base" and plain.incremental.vertex_match
-    assert (plain.incremental.lambda1, plain.incremental.lambda3) == (0.0, 0.0)
-    full = build_config(_params("omniglot", "mamba_fscil"))
-    assert full.variant == "mamba_fscil" and full.incremental.lambda1 == 30.0
-    assert build_config(_params("synthetic", None)).variant is None  # the default runs its top-level values
