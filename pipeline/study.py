@@ -165,7 +165,8 @@ def table_markdown(table: pd.DataFrame) -> str:
             "session 1 | projector parameters |\n|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for variant, row in table.iterrows():
-        cells = [f"{row[(s, 'mean')]:.2f} ± {row[(s, 'std')]:.2f}" for s in SCORES]
+        cells = ["-" if pd.isna(row[(s, 'mean')]) else f"{row[(s, 'mean')]:.2f} ± {row[(s, 'std')]:.2f}"
+                 for s in SCORES]
         vs = row[("vs_proto", "mean")]
         cells.append("-" if pd.isna(vs) else f"{vs:+.2f} ± {row[('vs_proto', 'std')]:.2f}")
         cells.append(f"{row[('novel_s1', 'mean')]:.2f} ± {row[('novel_s1', 'std')]:.2f}")

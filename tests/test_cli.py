@@ -72,12 +72,13 @@ def test_help_everywhere(args):
 def test_config_show_merges_the_preset(tmp_path):
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump({"preset": "cifar100", "data": {"root": "/x", "split_dir": "/y"},
-                                      "incremental": {"lambda3": 0.5, "lr": None}}))
+                                      "incremental": {"lambda3": 0.5, "grad_clip_norm": None}}))
     result = cli("config", "show", "--params", str(params))
     assert result.exit_code == 0, result.output
     cfg = yaml.safe_load(result.output)
     assert cfg["model"]["dim"] == 640 and cfg["base"]["epochs"] == 200
-    assert cfg["incremental"]["lambda3"] == 0.5 and cfg["incremental"]["lr"] == 0.25  # null keeps the preset
+    assert cfg["incremental"]["lambda3"] == 0.5 and cfg["incremental"]["lr"] == 0.25  # an absent key: the preset's
+    assert cfg["incremental"]["grad_clip_norm"] is None
 
 
 def test_model_benchmark_reports_times():

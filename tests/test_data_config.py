@@ -20,8 +20,10 @@ def test_defaults_and_protocol_shapes() -> None:
     assert mini.protocol_shape() == (60, 4, 5, 8) and mini.resolved_image_size == 84
     folder = DataConfig.from_dict({"dataset": "class_folder", "root": "r", "image_size": 64, "sessions": 3})
     assert folder.protocol_shape() == (None, 5, 5, 3) and folder.resolved_image_size == 64
-    # null means "the default": merged params files may carry explicit nulls
-    assert DataConfig.from_dict({"image_size": None, "seed": None}) == DataConfig()
+    # null is a value: where the field allows it (image_size null: the preset's size), else a one-line error
+    assert DataConfig.from_dict({"image_size": None}) == DataConfig()
+    with pytest.raises(FSCILError, match="data.seed must be an integer, got null"):
+        DataConfig.from_dict({"seed": None})
 
 
 @pytest.mark.parametrize(("values", "message"), [

@@ -18,7 +18,7 @@ from tests.pipeline_fixtures import TEST_DEVICE
 
 PARAMS = {"preset": "omniglot", "device": TEST_DEVICE, "threads": 2,
           "data": {"root": str(OMNIGLOT_SMALL1), "base_classes": 20, "ways": 5, "shots": 5, "sessions": 1},
-          "base": {"epochs": 40, "batch_size": 64, "warmup_steps": 10, "unaugmented_epochs": 10}}  # the preset's share
+          "base": {"epochs": 40, "batch_size": 64, "warmup_steps": 10}}
 
 
 @pytest.fixture(scope="module")

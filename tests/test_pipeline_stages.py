@@ -145,6 +145,21 @@ def test_report_matches_session_metrics(tiny_run):
     assert (paths.report / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_report_says_what_ran_and_refuses_sessions_of_another_variant(tiny_run, tmp_path):
+    """metrics.json and every sessions.csv row carry preset, variant, method and seed (those of the params the
+    sessions were made with); a report asked for another variant than the sessions' is a one-line error."""
+    root, params, paths = tiny_run
+    summary = json.loads((root / "metrics.json").read_text())
+    assert (summary["preset"], summary["variant"], summary["seed"]) == ("synthetic", None, 0)
+    assert summary["method"] == "preset values on synthetic"
+    table = pd.read_csv(paths.report / "sessions.csv")
+    assert set(table["preset"]) == {"synthetic"} and set(table["seed"]) == {0}
+    result = cli("stage", "report", "--params", str(params), "--data-dir", str(paths.data_dir),
+                 "--metrics", str(tmp_path / "m.json"), "-S", "variant=mamba_fscil")
+    assert result.exit_code == 2 and "session 1 was made by" in result.output and "'mamba_fscil'" in result.output
+    assert not (tmp_path / "m.json").exists()
+
+
 def test_incremental_runs_without_the_image_pack(tiny_run, tmp_path):
     root, params, paths = tiny_run
     data = tmp_path / "data"

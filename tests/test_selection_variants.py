@@ -15,14 +15,18 @@ from pipeline.errors import FSCILError
 from tests.selection_fixtures import TINY_SELECTION
 
 
+def _without_loss_weights(params: dict) -> dict:
+    """The tiny params without their own lambda1-3 (the rows fix them: a params value would be refused)."""
+    return {**params, "incremental": {k: v for k, v in params["incremental"].items() if not k.startswith("lambda")}}
+
+
 def test_a_variants_selection_holds_its_own_keys_and_writes_variant_params(real_pack, tmp_path, monkeypatch):
-    """`fscil select` with `variant: dual_ssm_frozen`: the keys the row fixes (freeze_base, lambda1-3) are not
-    selected (every candidate runs with the row's values), nor the suppression target its loss weights switch off,
-    and selected.yaml nests the choice under
-    variant_params.dual_ssm_frozen, so merged into params.yaml it changes that row alone."""
+    """`fscil select` with `variant: dual_ssm`: the keys the row fixes (lambda1-3) are not selected (every candidate
+    runs with the row's values), nor the suppression target its loss weights switch off, and selected.yaml nests the
+    choice under variant_params.dual_ssm, so merged into params.yaml it changes that row alone."""
     params, paths = real_pack
-    values = yaml.safe_load(params.read_text())
-    cfg = build_config({**values, "variant": "dual_ssm_frozen"})
+    values = _without_loss_weights(yaml.safe_load(params.read_text()))
+    cfg = build_config({**values, "variant": "dual_ssm"})
     seen: list = []
 
     def run(cand, *args):
@@ -36,17 +40,18 @@ def test_a_variants_selection_holds_its_own_keys_and_writes_variant_params(real_
     lines: list[str] = []
     result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work", log=lines.append)
     # with the row's lambda1 = lambda2 = 0 the suppression loss is off, so its target is not selected either
-    assert set(result["chosen"]) == {"incremental.lr", "model.k_paths", "incremental.inc_init"}
+    assert set(result["chosen"]) == {"incremental.lr", "model.k_paths", "incremental.inc_init",
+                                     "incremental.freeze_base"}
     assert any(line.startswith("incremental.suppression not selected") for line in lines)
     assert result["chosen"]["incremental.lr"] == 0.03
     # the row's own values throughout, the suppression target at its configured value
-    assert {s[1:] for s in seen} == {(True, 0.0, 0.0, 0.0, cfg.incremental.suppression)}
+    assert {s[2:] for s in seen} == {(0.0, 0.0, 0.0, cfg.incremental.suppression)}
     fragment = yaml.safe_load((tmp_path / "out" / "selected.yaml").read_text())
-    assert list(fragment) == ["variant_params"] and fragment["variant_params"]["dual_ssm_frozen"]["incremental"][
+    assert list(fragment) == ["variant_params"] and fragment["variant_params"]["dual_ssm"]["incremental"][
         "lr"] == 0.03
     merged = {**values, **fragment}
-    assert build_config({**merged, "variant": "dual_ssm_frozen"}).incremental.lr == 0.03
-    assert build_config({**merged, "variant": "dual_ssm"}).incremental.lr == cfg.incremental.lr != 0.03
+    assert build_config({**merged, "variant": "dual_ssm"}).incremental.lr == 0.03
+    assert build_config({**merged, "variant": "mlp_baseline"}).incremental.lr == cfg.incremental.lr != 0.03
 
 
 def test_a_single_branch_rows_selection_runs_its_projector_and_refuses_what_it_lacks(real_pack, tmp_path,
@@ -55,7 +60,7 @@ def test_a_single_branch_rows_selection_runs_its_projector_and_refuses_what_it_l
     under variant_params.single_ssm; a candidate its projector cannot take (g_inc started from g_base: it has no
     g_inc) is refused in one line before any pseudo pack is written."""
     params, paths = real_pack
-    values = yaml.safe_load(params.read_text())
+    values = _without_loss_weights(yaml.safe_load(params.read_text()))
     cfg = build_config({**values, "variant": "single_ssm"})
     seen: list = []
 

@@ -52,13 +52,30 @@ def test_run_scores_and_table_are_means_and_stds_over_seeds():
     # AVG minus the run's own class means (80 in every run): a 0 and -10, b +10 and 0; none for the prototype row
     assert table.loc["a", ("vs_proto", "mean")] == pytest.approx(-5.0)
     assert table.loc["b", ("vs_proto", "std")] == pytest.approx(np.std([10.0, 0.0], ddof=1))
-    assert "| a | 2 | 85.00 ± 7.07 | 65.00 ± 7.07 | 75.00 ± 7.07 | 20.00 ± 0.00 | -5.00 ± 7.07 | 50.50 ± 0.71 |" in md
-    assert "| b | 2 | 95.00 ± 7.07 | 75.00 ± 7.07 | 85.00 ± 7.07 | 20.00 ± 0.00 | +5.00 ± 7.07 |" in md
-    assert f"| {proto} | 2 | 85.00 ± 0.00 | 75.00 ± 0.00 | 80.00 ± 0.00 | 10.00 ± 0.00 | - |" in md
+    assert "| a | 2 | 0 | 85.00 ± 7.07 | 65.00 ± 7.07 | 75.00 ± 7.07 | 20.00 ± 0.00 | -5.00 ± 7.07 | 50.50 ± 0.71 |" in md
+    assert "| b | 2 | 0 | 95.00 ± 7.07 | 75.00 ± 7.07 | 85.00 ± 7.07 | 20.00 ± 0.00 | +5.00 ± 7.07 |" in md
+    assert f"| {proto} | 2 | 0 | 85.00 ± 0.00 | 75.00 ± 0.00 | 80.00 ± 0.00 | 10.00 ± 0.00 | - |" in md
+    assert "enters no mean and is counted under diverged" in md
+    # a diverged run is counted in its row, never averaged; a row whose every run diverged still shows, with no mean
+    diverged = study_table(_sessions(), ["b", "a", "c"], reference="a",
+                           diverged={("a", 2): "session 1: non-finite loss", ("c", 0): "fit rose"})
+    assert diverged.loc["a", ("diverged", "n")] == 1 and diverged.loc["a", ("seeds", "n")] == 2
+    assert diverged.loc["a", ("avg", "mean")] == pytest.approx(75.0)
+    assert diverged.loc["c", ("diverged", "n")] == 1 and diverged.loc["c", ("seeds", "n")] == 0
+    assert "| a | 2 | 1 |" in table_markdown(diverged)
+
+
+def _study_params() -> dict:
+    """TINY_PARAMS for a study: the loss weights go to the row that trains with them (variant_params.mamba_fscil), not
+    to params' own incremental section, where every row that fixes them (dual_ssm: 0) would refuse them."""
+    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
+    weights = {k: params["incremental"].pop(k) for k in ("lambda1", "lambda2", "lambda3")}
+    params["variant_params"] = {"mamba_fscil": {"incremental": weights}}
+    return params
 
 
 def test_tiny_study_end_to_end(tmp_path, monkeypatch):
-    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
+    params = _study_params()
     out = tmp_path / "ablation"
     said = []
     sessions = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out, log=said.append)
@@ -94,35 +111,35 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
 
 
 def test_variants_that_resolve_to_the_same_values_are_trained_once(tmp_path, monkeypatch):
-    """dual_ssm_supp is mamba_fscil with lambda3 0: at lambda3 0 both read the same values, so one training serves
-    both names; a variant that reads other values (dual_ssm, no losses) trains its own."""
-    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
-    params["incremental"] = {**params["incremental"], "lambda3": 0.0}
+    """arch_selective_ssm with lambda1 0 (selected for it) reads what dual_ssm reads: one training serves both names;
+    a variant that reads other values (mamba_fscil, losses on) trains its own."""
+    params = _study_params()
+    params["variant_params"]["arch_selective_ssm"] = {"incremental": {"lambda1": 0.0}}
     real, trained = study.run_candidate, []
     monkeypatch.setattr(study, "run_candidate", lambda cfg, *args: trained.append(cfg.variant) or real(cfg, *args))
     out, said = tmp_path / "ablation", []
-    sessions = study.run_study(params, ["mamba_fscil", "dual_ssm_supp", "dual_ssm"], [0], out, log=said.append)
-    assert trained == ["mamba_fscil", "dual_ssm"]
-    assert "dual_ssm_supp seed 0: the same run as mamba_fscil (every value it reads is equal)" in said
+    sessions = study.run_study(params, ["dual_ssm", "arch_selective_ssm", "mamba_fscil"], [0], out, log=said.append)
+    assert trained == ["dual_ssm", "mamba_fscil"]
+    assert "arch_selective_ssm seed 0: the same run as dual_ssm (every value it reads is equal)" in said
     a, b = (sessions[sessions.variant == v].drop(columns="variant").reset_index(drop=True)
-               for v in ("mamba_fscil", "dual_ssm_supp"))
+            for v in ("dual_ssm", "arch_selective_ssm"))
     pd.testing.assert_frame_equal(a, b)
     runs = pd.read_csv(out / "runs.csv")
-    assert sorted(runs.variant) == ["dual_ssm", "dual_ssm_supp", "mamba_fscil"]
-    # one stored record for the two names, one for dual_ssm; a later study with lambda3 on trains mamba_fscil apart
+    assert sorted(runs.variant) == ["arch_selective_ssm", "dual_ssm", "mamba_fscil"]
+    # one stored record for the two names; a later study with lambda1 on trains arch_selective_ssm apart
     stored = json.loads((tmp_path / "ablation.work" / study.RUNS_FILE).read_text())
     assert sorted(r["variant"] for r in stored.values()) == ["dual_ssm", "mamba_fscil"]
-    params["incremental"]["lambda3"] = 0.1
+    params["variant_params"]["arch_selective_ssm"]["incremental"]["lambda1"] = 10.0
     trained.clear()
-    study.run_study(params, ["mamba_fscil", "dual_ssm_supp"], [0], out)
-    assert trained == ["mamba_fscil"]  # dual_ssm_supp still reads lambda3 0 (its own key): the stored copy serves
+    study.run_study(params, ["dual_ssm", "arch_selective_ssm"], [0], out)
+    assert trained == ["arch_selective_ssm"]
 
 
 def test_single_ssm_takes_dual_ssms_base_model_less_g_inc(tmp_path, monkeypatch):
     """The two projectors' base sessions train the same network (g_inc gets no gradient there), so a study trains
     dual_ssm's base model once and derives single_ssm's from it. Oracle: single_ssm's own base training gives exactly
     the derived model, tensor for tensor, with the same digest and test accuracy."""
-    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
+    params = _study_params()
     single, dual = (build_config({**params, "variant": v}) for v in ("single_ssm", "dual_ssm"))
     assert base_twin(single).model == dual.model and base_twin(dual) is None
     # not where something after g_inc draws from the global generator: a linear head's init (its weights differ
@@ -160,7 +177,7 @@ def test_single_ssm_takes_dual_ssms_base_model_less_g_inc(tmp_path, monkeypatch)
 
 
 def test_a_diverging_run_is_listed_not_averaged(tmp_path, monkeypatch):
-    params = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TINY_PARAMS.items()}
+    params = _study_params()
     real = study.run_candidate
 
     def run(cfg, *args):
@@ -176,7 +193,8 @@ def test_a_diverging_run_is_listed_not_averaged(tmp_path, monkeypatch):
     assert set(zip(sessions.variant, sessions.seed, strict=True)) == {("dual_ssm", 0), ("dual_ssm", 1),
                                                                      ("mamba_fscil", 0)}
     table = pd.read_csv(out / "table.csv", header=[0, 1], index_col=0)
-    assert table.loc["mamba_fscil", ("seeds", "n")] == 1
+    assert table.loc["mamba_fscil", ("seeds", "n")] == 1 and table.loc["mamba_fscil", ("diverged", "n")] == 1
+    assert table.loc["dual_ssm", ("diverged", "n")] == 0
     assert "mamba_fscil seed 1 diverged: session 1: non-finite loss" in (out / "table.md").read_text()
     # a refusal recorded under older divergence rules is run again (the current rules may accept it); others are not
     runs_path = tmp_path / "ablation.work" / study.RUNS_FILE
@@ -200,7 +218,7 @@ def test_a_study_whose_every_run_diverged_is_a_one_line_error_with_nothing_writt
     out = tmp_path / "ablation"
     with pytest.raises(FSCILError, match=r"every run diverged \(first: dual_ssm seed 1, session 1: non-finite loss "
                                          r"at step 4; nothing written\); nothing written to"):
-        study.run_study(dict(TINY_PARAMS), ["dual_ssm"], [1, 2], out)
+        study.run_study(_study_params(), ["dual_ssm"], [1, 2], out)
     assert not out.exists()
 
 
@@ -215,12 +233,13 @@ def test_run_key_covers_what_a_run_reads_and_not_the_selection_candidates():
     assert key(selection={"lr": [0.1, 0.01], "lambda1": [3.0]}) == plain  # no run reads the candidates
     assert key(incremental={**TINY_PARAMS.get("incremental", {}), "lr": 0.0123}) != plain
     assert key(variant_params={"linear_ce": {"incremental": {"lr": 0.0123}}}) != plain  # its own selected values
-    assert key(variant_params={"dual_ssm_frozen": {"incremental": {"lr": 0.0123}}}) == plain  # another row's
+    assert key(variant_params={"dual_ssm": {"incremental": {"lr": 0.0123}}}) == plain  # another row's
     assert key(seed=2) != plain
     # what a variant sets is in the key, its name is not: rows that resolve to the same values are one run
-    assert key(variant="dual_ssm") != plain
-    no_sep = {"incremental": {**TINY_PARAMS["incremental"], "lambda3": 0.0}}
-    assert key(variant="dual_ssm_supp", **no_sep) == key(variant="mamba_fscil", **no_sep) != key(variant="mamba_fscil")
+    no_loss = {"incremental": {k: v for k, v in TINY_PARAMS["incremental"].items() if not k.startswith("lambda")}}
+    assert key(variant="dual_ssm", **no_loss) != plain
+    same = {"variant_params": {"arch_selective_ssm": {"incremental": {"lambda1": 0.0}}}, **no_loss}
+    assert key(variant="arch_selective_ssm", **same) == key(variant="dual_ssm", **no_loss)
 
 
 def test_a_field_added_at_its_neutral_value_leaves_every_digest_as_before_it_existed():
