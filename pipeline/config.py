@@ -276,9 +276,9 @@ def resolve_params(params: dict[str, Any], overrides: list[str] | tuple[str, ...
         for key, value in layer.values.items():
             if layer is not fixed and key in fixed.values and value != fixed.values[key] and layer.origin != "default":
                 if layer.user:
-                    raise FSCILError(f"params: {key} = {_show(value)} ({layer.origin}) conflicts with variant {variant}, "
-                                     f"which fixes it at {_show(fixed.values[key])} (pipeline/variants/{variant}.yaml); "
-                                     "remove one of them")
+                    raise FSCILError(f"params: {key} = {_show(value)} ({layer.origin}) conflicts with variant "
+                                     f"{variant}, which fixes it at {_show(fixed.values[key])} "
+                                     f"(pipeline/variants/{variant}.yaml); remove one of them")
                 if layer.origin.endswith(f"variant_params.{variant}"):
                     raise FSCILError(f"{layer.origin} sets {key}, which variant {variant} fixes")
             values[key] = value

@@ -100,7 +100,8 @@ class SectionConfig:
             value = getattr(self, f.name)
             if value is None:
                 hint = hints[f.name]
-                check(typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint),
+                optional = typing.get_origin(hint) in (typing.Union, types.UnionType)
+                check(optional and type(None) in typing.get_args(hint),
                       self.section, f.name, f"must be {_type_name(hint)}, got null (leave the key out to keep the "
                       "value of the layer below)")
                 continue

@@ -52,7 +52,8 @@ def test_run_scores_and_table_are_means_and_stds_over_seeds():
     # AVG minus the run's own class means (80 in every run): a 0 and -10, b +10 and 0; none for the prototype row
     assert table.loc["a", ("vs_proto", "mean")] == pytest.approx(-5.0)
     assert table.loc["b", ("vs_proto", "std")] == pytest.approx(np.std([10.0, 0.0], ddof=1))
-    assert "| a | 2 | 0 | 85.00 ± 7.07 | 65.00 ± 7.07 | 75.00 ± 7.07 | 20.00 ± 0.00 | -5.00 ± 7.07 | 50.50 ± 0.71 |" in md
+    assert ("| a | 2 | 0 | 85.00 ± 7.07 | 65.00 ± 7.07 | 75.00 ± 7.07 | 20.00 ± 0.00 | -5.00 ± 7.07 | 50.50 ± 0.71 |"
+            in md)
     assert "| b | 2 | 0 | 95.00 ± 7.07 | 75.00 ± 7.07 | 85.00 ± 7.07 | 20.00 ± 0.00 | +5.00 ± 7.07 |" in md
     assert f"| {proto} | 2 | 0 | 85.00 ± 0.00 | 75.00 ± 0.00 | 80.00 ± 0.00 | 10.00 ± 0.00 | - |" in md
     assert "enters no mean and is counted under diverged" in md

@@ -63,7 +63,7 @@ def test_mamba_fscil_is_the_papers_method_on_every_preset(preset):
     cfg = build_config(_params(preset, "mamba_fscil"))
     for key, value in PAPER_METHOD.items():
         assert _get(cfg, key) == value, key
-        assert cfg.origins[key] in (f"variant mamba_fscil", f"preset {preset}", "default"), key
+        assert cfg.origins[key] in ("variant mamba_fscil", f"preset {preset}", "default"), key
     assert cfg.incremental.lambda1 > 0 and cfg.incremental.lambda3 > 0
     # every preset's own values are the paper's method too: the variant changes nothing there
     plain = build_config(_params(preset, None))

@@ -288,7 +288,8 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         "memory": memory_tag(store),
         "frozen_sha256": frozen_before, "num_seen": num_seen,
     })
-    result = {"session": session, "preset": cfg.preset, "variant": cfg.variant, "seed": cfg.seed, **metrics, "steps": steps, "train_samples": int(len(y_all)),
+    result = {"session": session, "preset": cfg.preset, "variant": cfg.variant, "seed": cfg.seed,
+              **metrics, "steps": steps, "train_samples": int(len(y_all)),
               "final_loss": history["loss"][-1] if steps else None, "history": history,
               "fit_loss": {"before": round(fit_before, 6), "after": round(fit_after, 6)},
               "frozen_sha256": frozen_before, **vertices, **prototype, "diagnostics": diagnostics,
