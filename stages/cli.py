@@ -114,6 +114,7 @@ def base(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("d
     cfg = _config(params, overrides)
     summary = _run("base", stage.run, cfg, _paths(data_dir), show_progress=not quiet)
     if summary:
+        typer.echo(f"base: accuracy {summary['acc']:.2f} on the base classes ({summary['epochs']} epochs)", err=True)
         _show(summary, ("acc", "epochs", "steps", "world_size", "seconds"))
 
 
@@ -136,8 +137,14 @@ def incremental(session: Annotated[int, typer.Option("--session", "-s", help="In
     from stages import incremental as stage
 
     cfg = _config(params, overrides)
-    _show(_run(f"incremental session {session}", stage.run, cfg, _paths(data_dir), session,
-               show_progress=not quiet), ("session", "acc", "base_acc", "novel_acc", "seconds"))
+    result = _run(f"incremental session {session}", stage.run, cfg, _paths(data_dir), session,
+                  show_progress=not quiet)
+    if result:
+        proto = result.get("prototype", {}).get("backbone", {}).get("acc")
+        typer.echo(f"session {session}: accuracy {result['acc']:.2f} on {result.get('num_seen_classes', '?')} classes "
+                   f"(base {result['base_acc']:.2f}, novel {result['novel_acc']:.2f})"
+                   + (f"; backbone class means {proto:.2f}" if proto is not None else ""), err=True)
+    _show(result, ("session", "acc", "base_acc", "novel_acc", "seconds"))
 
 
 @stage_app.command("report")

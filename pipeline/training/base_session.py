@@ -41,6 +41,7 @@ from pipeline.training.distributed import (
 )
 from pipeline.training.evaluate import predict, session_metrics
 from pipeline.training.precise_bn import recalibrate_batchnorm
+from pipeline.training.progress import ProgressLog
 from pipeline.training.schedule import set_lr, warmup_cosine
 
 RESUME_FILE = "resume.safetensors"
@@ -242,7 +243,9 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
         start_epoch, history = _resume(ckpt, meta, model, aux_head, opt)
         images = load_base_train_images(pack, train_ids, device)
         targets = labels_all[train_ids].to(device)
+        progress = ProgressLog("base", cfg.base.epochs, "epoch", start=start_epoch, enabled=group.is_main)
         for epoch in range(start_epoch, cfg.base.epochs):
+            epoch_started = time.perf_counter()
             net.train()
             order = torch.randperm(len(train_ids), generator=seeded_generator(cfg.seed, BASE_EPOCH_ORDER + epoch))
             order = order.to(device)
@@ -268,6 +271,9 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
                 bar.set_postfix(loss=f"{running / (i + 1):.4f}")
             history.append(round(running / max(steps_per_epoch, 1), 6))
             done = epoch + 1
+            rate = steps_per_epoch * batch / max(time.perf_counter() - epoch_started, 1e-9)
+            progress.update(done, loss=f"{history[-1]:.4f}", lr=f"{opt.param_groups[0]['lr']:.4g}",
+                            **{"img/s": f"{rate:.0f}"})
             if group.is_main and (done % cfg.base.checkpoint_every == 0 or done == cfg.base.epochs):
                 tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
                 if aux_head is not None:

@@ -23,6 +23,7 @@ from pipeline.seeding import DEVIATION, EXTRACT_VIEW, MEMORY, seeded_generator
 from pipeline.store.feature_store import FeatureStoreWriter
 from pipeline.store.memory import memory_rows
 from pipeline.training.base_model import load_base_model
+from pipeline.training.progress import ProgressLog
 
 
 def _batches(ids: np.ndarray, size: int):
@@ -73,10 +74,16 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
 
         total = len(test_ids) + len(fewshot_ids) * (1 + views) + len(base_ids)
         bar = tqdm(total=total, desc="extract", unit="img", disable=not show_progress)
+        progress = ProgressLog("extract", total, "image")
+
+        def advance(count: int) -> None:  # the bar (a terminal) and the progress line (logs, dvc repro)
+            bar.update(count)
+            progress.update(bar.n)
+
         for part, ids, extra in (("test", test_ids, None), ("fewshot", fewshot_ids, fewshot_session)):
             for start, chunk in _batches(ids, size):
                 writer.write(f"{part}/maps", start, maps_of(chunk).astype(np_dtype))
-                bar.update(len(chunk))
+                advance(len(chunk))
             writer.write(f"{part}/labels", 0, pack.labels[ids])
             writer.write(f"{part}/ids", 0, ids)
             if extra is not None:
@@ -85,7 +92,7 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
             gen = seeded_generator(cfg.seed, EXTRACT_VIEW + view, device)
             for start, chunk in _batches(fewshot_ids, size):
                 writer.write_view(view, start, maps_of(chunk, gen).astype(np_dtype))
-                bar.update(len(chunk))
+                advance(len(chunk))
         # class-mean maps of the base classes, accumulated in float64 (eq. memory)
         base_classes = np.asarray(protocol.sessions[0].classes)
         sums = np.zeros((len(base_classes), *map_shape), dtype=np.float64)
@@ -96,7 +103,7 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
             rows = np.array([slot[int(c)] for c in pack.labels[chunk]])
             np.add.at(sums, rows, maps)
             np.add.at(counts, rows, 1)
-            bar.update(len(chunk))
+            advance(len(chunk))
         bar.close()
         means = (sums / counts[:, None, None, None]).astype(np.float32)
         writer.write("memory/base_means", 0, means)

@@ -36,6 +36,7 @@ from pipeline.training.base_model import MODEL_FILE, config_digest
 from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed
 from pipeline.training.diagnostics import session_diagnostics
 from pipeline.training.evaluate import session_metrics
+from pipeline.training.progress import ProgressLog
 from pipeline.training.prototype import base_prototype_metrics, projected, prototype_metrics
 from pipeline.training.schedule import set_lr, warmup_cosine
 
@@ -234,6 +235,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     fit_before = fit_loss(projector, classifier, x_all, y_all, num_seen, cfg.model.classifier, inc)
     order = torch.zeros(0, dtype=torch.long)
     bar = tqdm(range(steps), desc=f"session {session}", leave=False, disable=not show_progress)
+    progress = ProgressLog(f"session {session}", steps, "step")
     for step in bar:
         if step % per_epoch == 0:
             order = torch.randperm(len(y_all), generator=gen)
@@ -255,7 +257,8 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         opt.step()
         for key, value in (("loss", loss), ("cls", cls), ("supp", supp), ("sep", sep)):
             history[key].append(round(value.item(), 6))
-        bar.set_postfix(loss=f"{loss.item():.4f}")
+        bar.set_postfix(loss=f"{history['loss'][-1]:.4f}")
+        progress.update(step + 1, loss=f"{history['loss'][-1]:.4f}")
     fit_after = fit_loss(projector, classifier, x_all, y_all, num_seen, cfg.model.classifier, inc)
     if loss_rose(fit_before, fit_after):
         raise TrainingDiverged(f"session {session}: the classification loss on the session's training set went from "
