@@ -162,6 +162,68 @@ def report(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path(
     typer.echo(f"AVG {summary['avg']:.2f}  PD {summary['pd']:.2f}  final {summary['final']:.2f}")
 
 
+def _trained(session: int | None, model: Path | None, params: Path, data_dir: Path, overrides: list[str] | None):
+    """The model of `session` of the run the params describe, or an exported file (`--model`)."""
+    from pipeline.training import apply
+
+    if model is not None:
+        return _run("load", apply.load_exported, model, timed=False)
+    if session is None:
+        _fail("give --session N (0: the base model) or --model FILE (from `fscil export`)", FSCILError.exit_code)
+    cfg = _config(params, overrides)
+    paths = _paths(data_dir)
+    return _run("load", apply.load_session_model, cfg, paths.base, paths.pack, paths.data_dir / "sessions", session,
+                timed=False)
+
+
+SessionOpt = Annotated[int | None, typer.Option("--session", "-s", help="The model after this session (0: base).")]
+
+
+@app.command("export")
+def export(out: Annotated[Path, typer.Argument(help="The .safetensors file to write.")],
+           session: SessionOpt = None, params: ParamsOpt = Path("params.yaml"),
+           data_dir: DataDirOpt = Path("data"), overrides: SetOpt = None) -> None:
+    """Write the model after session N as one self-contained safetensors file (all tensors, the classes seen, the
+    image preprocessing, config digest and code version) that `fscil predict --model` reads."""
+    from pipeline.code_version import code_version
+    from pipeline.training import apply
+
+    trained = _trained(session, None, params, data_dir, overrides)
+    _run("export", apply.export_model, trained, out, code_version(), timed=False)
+    typer.echo(f"{out}: {apply.describe(trained)}")
+
+
+@app.command("predict")
+def predict_images(images: Annotated[list[Path], typer.Argument(help="Image files or folders (searched recursively).")],
+                   session: SessionOpt = None,
+                   model: Annotated[Path | None, typer.Option("--model", help="An exported model file.")] = None,
+                   out: Annotated[Path | None, typer.Option("--out", help="Write a CSV here instead of printing.")]
+                   = None,
+                   device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
+                   params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"),
+                   overrides: SetOpt = None) -> None:
+    """The class of each image (name and softmax score over the seen classes) under the model after session N of
+    this run (--session, from the stage outputs) or of an exported file (--model), with the test images'
+    preprocessing."""
+    import pandas as pd
+
+    from pipeline.atomic import atomic_output
+    from pipeline.device import resolve_device
+    from pipeline.training import apply
+
+    trained = _trained(session, model, params, data_dir, overrides)
+    files = _run("predict", apply.image_files, images, timed=False)
+    rows = _run("predict", apply.predict_files, trained, files, _run("predict", resolve_device, device, timed=False),
+                timed=False)
+    table = pd.DataFrame(rows, columns=["path", "class_id", "class", "score"])
+    if out is None:
+        typer.echo(table.to_csv(index=False).rstrip())
+        return
+    with atomic_output(out) as tmp:
+        table.to_csv(tmp, index=False)
+    typer.echo(f"{out}: {len(rows)} images, {apply.describe(trained)}", err=True)
+
+
 @app.command("select")
 def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"),
               out: Annotated[Path | None, typer.Option("--out", help="Output folder (default: <data-dir>/selection).")

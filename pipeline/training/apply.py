@@ -1,0 +1,150 @@
+"""Apply a trained model: the network as it stands after session N (the frozen backbone, the projector with that
+session's g_inc, the ETF head over the N sessions' classes), exported to one self-contained safetensors file, and the
+class of new images under the test-time preprocessing (the pack's resize and crop, then the test transform)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.config_sections import ModelConfig
+from pipeline.data.augment import test_transform
+from pipeline.data.class_folder import IMAGE_SUFFIXES
+from pipeline.data.pack import ImagePack
+from pipeline.data.presets import get_preset
+from pipeline.data.source import decode_rgb, fit_square
+from pipeline.errors import FSCILError
+from pipeline.models.fscil import FSCILModel, build_model
+from pipeline.training.base_model import config_digest, load_base_model
+from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed
+from pipeline.training.incremental_session import SECTIONS, STATE_FILE
+
+EXPORT_KIND = "fscil-export"
+
+
+@dataclass
+class TrainedModel:
+    model: FSCILModel
+    session: int
+    num_seen: int
+    class_names: list[str]
+    """The names of the seen classes, in class-id order (the logits' order)."""
+    preset: str
+    """The image preset (normalisation) the images were trained under, at `image_size`."""
+    image_size: int
+    meta: dict
+
+    @property
+    def mode(self) -> str:
+        return "base" if self.session == 0 else "incremental"
+
+
+def load_session_model(cfg, base_dir: Path, pack_path: Path, sessions_dir: Path, session: int) -> TrainedModel:
+    """The model of session `session` (0: the base model) of the run `cfg` describes, from the stage outputs; a
+    checkpoint made by other params is refused."""
+    model, base_meta, _ = load_base_model(cfg, base_dir)
+    if not Path(pack_path).is_file():
+        raise FSCILError(f"{pack_path}: image pack not found (its class names are needed); run `fscil stage prepare`")
+    with ImagePack.open(pack_path) as pack:
+        names, num_sessions = list(pack.class_names), len(pack.protocol.sessions)
+        num_base = len(pack.protocol.sessions[0].classes)
+    if not 0 <= session < num_sessions:
+        raise FSCILError(f"--session {session}: this run has sessions 0 (base) to {num_sessions - 1}")
+    num_seen, meta = num_base, {"config": config_digest(cfg)}
+    if session > 0:
+        path = Path(sessions_dir) / f"session_{session}" / STATE_FILE
+        if not path.is_file():
+            raise FSCILError(f"{path}: session {session} has not run; run `fscil stage incremental --session "
+                             f"{session}` (or dvc repro)")
+        state, meta = load_checkpoint(path, {"kind": "session", "session": session,
+                                            "config": config_digest(cfg, SECTIONS)})
+        projector = model.projector
+        if not cfg.incremental.freeze_base:
+            projector.load_state_dict({**projector.state_dict(), **unprefixed(state, "projector")})
+        projector.set_sessions(session)
+        projector.adapting_branch.load_state_dict(unprefixed(state, "adapting"))
+        model.classifier.load_state_dict(unprefixed(state, "classifier"))
+        num_seen = int(meta["num_seen"])
+    return TrainedModel(model.eval(), session, num_seen, names[:num_seen], base_meta["preset"],
+                        int(base_meta["input_size"]), {"model": dataclasses.asdict(cfg.model), **meta,
+                                                       "num_classes": int(base_meta["num_classes"])})
+
+
+def export_model(trained: TrainedModel, path: Path, code_version: str) -> None:
+    """One safetensors file holding every tensor of the session's model and what `load_exported` needs: the model
+    section, classes seen (names), image preset and size, session, config digest and the code version."""
+    model_cfg = {**trained.meta["model"], "pretrained": None, "pretrained_sha256": None}  # the weights are here
+    save_checkpoint(path, prefixed(trained.model.state_dict(), "model"), {
+        "kind": EXPORT_KIND, "session": trained.session, "num_seen": trained.num_seen,
+        "num_classes": trained.meta["num_classes"], "class_names": trained.class_names, "model": model_cfg,
+        "preset": trained.preset, "image_size": trained.image_size, "config": trained.meta["config"],
+        "code_version": code_version})
+
+
+def load_exported(path: Path) -> TrainedModel:
+    """A file written by `export_model`; anything else (another checkpoint, a corrupt file) is a one-line error."""
+    tensors, meta = load_checkpoint(path)
+    if meta.get("kind") != EXPORT_KIND:
+        raise FSCILError(f"{path}: not an exported model (kind {meta.get('kind')!r}); write one with `fscil export`")
+    model_cfg = ModelConfig.from_dict(meta["model"])
+    model = build_model(model_cfg, int(meta["num_classes"]), int(meta["image_size"]))
+    model.projector.set_sessions(int(meta["session"]))
+    try:
+        model.load_state_dict(unprefixed(tensors, "model"))
+    except RuntimeError as err:
+        raise FSCILError(f"{path}: its tensors do not fit its model section ({str(err).splitlines()[0]})") from None
+    return TrainedModel(model.eval(), int(meta["session"]), int(meta["num_seen"]), list(meta["class_names"]),
+                        meta["preset"], int(meta["image_size"]), meta)
+
+
+def image_files(inputs: list[Path]) -> list[Path]:
+    """Image files among `inputs` (files, or folders searched recursively, sorted); none is a one-line error."""
+    files: list[Path] = []
+    for item in inputs:
+        if Path(item).is_dir():
+            for dirpath, dirnames, names in os.walk(item):
+                dirnames.sort()
+                files += [Path(dirpath) / n for n in sorted(names)
+                          if not n.startswith(".") and Path(n).suffix.lower() in IMAGE_SUFFIXES]
+        elif Path(item).is_file():
+            files.append(Path(item))
+        else:
+            raise FSCILError(f"{item}: no such file or folder")
+    if not files:
+        raise FSCILError(f"no image files in {', '.join(map(str, inputs))}")
+    return files
+
+
+@torch.no_grad()
+def predict_arrays(trained: TrainedModel, images: np.ndarray, device: torch.device, batch_size: int = 256
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """images (N, S, S, 3) uint8 at the model's image size -> (class ids, softmax scores of them)."""
+    preset = get_preset(trained.preset, trained.image_size)
+    model = trained.model.to(device)
+    ids, scores = [], []
+    for start in range(0, len(images), batch_size):
+        x = test_transform(torch.from_numpy(images[start:start + batch_size]).to(device), preset)
+        probs = model(x, trained.num_seen, mode=trained.mode).float().softmax(dim=1)
+        score, idx = probs.max(dim=1)
+        ids.append(idx.cpu())
+        scores.append(score.cpu())
+    return torch.cat(ids).numpy(), torch.cat(scores).numpy()
+
+
+def predict_files(trained: TrainedModel, files: list[Path], device: torch.device) -> list[dict]:
+    """One row per file: path, class id, class name, score (the softmax probability of that class over the seen
+    classes)."""
+    images = np.stack([fit_square(decode_rgb(f), trained.image_size) for f in files])
+    ids, scores = predict_arrays(trained, images, device)
+    return [{"path": str(f), "class_id": int(i), "class": trained.class_names[int(i)], "score": round(float(s), 6)}
+            for f, i, s in zip(files, ids, scores, strict=True)]
+
+
+def describe(trained: TrainedModel) -> str:
+    return (f"session {trained.session}: {trained.num_seen} classes, {trained.meta['model']['projector']} projector, "
+            f"{trained.preset} images at {trained.image_size} px")

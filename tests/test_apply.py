@@ -1,0 +1,92 @@
+"""Using a trained model (`fscil predict`, `fscil export`): the model of session N applied to images gives the
+predictions the session's own evaluation gave; an exported file gives the same; bad files are one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pipeline.config import load_config
+from pipeline.data.pack import ImagePack
+from pipeline.training.apply import export_model, load_exported, load_session_model, predict_arrays
+from pipeline.training.evaluate import session_metrics
+from tests.pipeline_fixtures import NUM_SESSIONS, cli
+
+CPU = torch.device("cpu")
+
+
+def _session_model(tiny_run, session):
+    root, params, paths = tiny_run
+    return load_session_model(load_config(params), paths.base, paths.pack, paths.data_dir / "sessions", session)
+
+
+@pytest.mark.parametrize("session", [0, 1, NUM_SESSIONS])
+def test_predictions_on_the_test_images_are_the_sessions_evaluation(tiny_run, session):
+    """Oracle: the stage's own evaluation (cached test maps for the sessions, the pack's images for the base),
+    accuracy and per-class accuracy to the last digit, from the images through backbone, projector and head."""
+    _, _, paths = tiny_run
+    trained = _session_model(tiny_run, session)
+    with ImagePack.open(paths.pack) as pack:
+        ids = pack.protocol.test_ids_seen(session, pack.labels)
+        images, labels = pack.read_images(ids), pack.labels[ids]
+        num_base = len(pack.protocol.sessions[0].classes)
+        assert trained.class_names == pack.class_names[:trained.num_seen]
+    pred, scores = predict_arrays(trained, images, CPU, batch_size=7)
+    metrics = session_metrics(pred, labels, num_base, trained.num_seen)
+    stored = json.loads(((paths.base if session == 0 else paths.session(session)) / "metrics.json").read_text())
+    assert (metrics["acc"], metrics["per_class_acc"]) == (stored["acc"], stored["per_class_acc"])
+    assert np.all((scores > 1.0 / trained.num_seen) & (scores <= 1.0))  # the arg-max of a softmax
+
+
+def test_export_then_predict_round_trip_through_the_cli(tiny_run, tmp_path):
+    root, params, paths = tiny_run
+    out = tmp_path / "model.safetensors"
+    result = cli("export", str(out), "--session", str(NUM_SESSIONS), "--params", str(params),
+                 "--data-dir", str(paths.data_dir))
+    assert result.exit_code == 0, result.output
+    exported, trained = load_exported(out), _session_model(tiny_run, NUM_SESSIONS)
+    assert (exported.num_seen, exported.class_names, exported.session) == (trained.num_seen, trained.class_names,
+                                                                         NUM_SESSIONS)
+    assert exported.meta["code_version"].count("+") == 1 and exported.meta["config"] == trained.meta["config"]
+    # image files written from the pack's test images: the same classes and scores from the export and the run
+    with ImagePack.open(paths.pack) as pack:
+        ids = pack.protocol.test_ids_seen(NUM_SESSIONS, pack.labels)[::3]
+        images = pack.read_images(ids)
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for i, image in zip(ids, images, strict=True):
+        Image.fromarray(image).save(folder / f"{i:05d}.png")
+    want_ids, want_scores = predict_arrays(trained, images, CPU)
+    csv = tmp_path / "pred.csv"
+    for source in (["--model", str(out)], ["--session", str(NUM_SESSIONS), "--params", str(params),
+                                            "--data-dir", str(paths.data_dir)]):
+        result = cli("predict", str(folder), *source, "--out", str(csv), "--device", "cpu")
+        assert result.exit_code == 0, result.output
+        rows = [line.split(",") for line in csv.read_text().splitlines()[1:]]
+        assert [int(r[1]) for r in rows] == want_ids.tolist()
+        assert [r[2] for r in rows] == [trained.class_names[i] for i in want_ids]
+        assert [float(r[3]) for r in rows] == pytest.approx(want_scores.tolist(), abs=1e-6)
+    again = tmp_path / "again.safetensors"
+    export_model(exported, again, exported.meta["code_version"])
+    assert load_exported(again).meta == exported.meta
+
+
+def test_a_corrupt_or_foreign_model_file_and_a_missing_session_are_one_line_errors(tiny_run, tmp_path):
+    root, params, paths = tiny_run
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(b"\x00" * 64)
+    image = tmp_path / "x.png"
+    Image.fromarray(np.zeros((32, 32, 3), dtype=np.uint8)).save(image)
+    for path, needle in ((corrupt, "not a readable safetensors checkpoint"),
+                         (paths.base / "model.safetensors", "not an exported model (kind 'base-model')")):
+        result = cli("predict", str(image), "--model", str(path))
+        assert result.exit_code == 2 and needle in result.output and result.output.count("\n") == 1, result.output
+    result = cli("predict", str(image), "--session", "99", "--params", str(params), "--data-dir", str(paths.data_dir))
+    assert result.exit_code == 2 and "has sessions 0 (base) to 3" in result.output
+    result = cli("predict", str(tmp_path / "none.png"), "--session", "1", "--params", str(params),
+                 "--data-dir", str(paths.data_dir))
+    assert result.exit_code == 2 and "no such file or folder" in result.output
