@@ -38,6 +38,7 @@ import pandas as pd
 import yaml
 
 from pipeline.atomic import atomic_output, atomic_write_text
+from pipeline.code_version import code_digest
 from pipeline.config import Config, check_combination, variant_keys
 from pipeline.config_selection import BASE_SELECTION_KEYS, SCHEDULE_SELECTION_KEYS, SelectionConfig
 from pipeline.data.pack import ImagePack
@@ -48,6 +49,7 @@ from pipeline.training.base_model import BASE_MODEL_SECTIONS, MODEL_FILE, base_t
 from pipeline.training.base_session import derive_base_model, train_base
 from pipeline.training.extract import extract_features
 from pipeline.training.incremental_session import train_session
+from pipeline.workdir import check_code, locked
 
 RESULTS_FILE = "results.json"  # candidate results by candidate key, kept in the work dir across runs
 SCORES = ("avg", "final", "pd", "base")
@@ -226,12 +228,15 @@ def selected_yaml(chosen: dict[str, Any], pseudo: list[dict], variant: str | Non
 
 
 def run_once(records: dict, key: str, records_path: Path, scratch: Path, run: Callable[[Path], dict],
-             diverged: dict | None = None) -> bool:
-    """records[key] from an earlier run when it holds one under the current divergence rules; else run(scratch) now,
-    store its record (a TrainingDiverged as err.record() over `diverged`: a run that diverges is a result, not the
-    end of the selection or study) with its seconds, and write records to records_path at once. Returns whether the
-    record was stored before. `fscil select` and `fscil study` both keep their runs this way."""
+             diverged: dict | None = None, reuse_stale: bool = False) -> bool:
+    """records[key] from an earlier run when it holds one under the current divergence rules (one made by other code
+    is refused unless `reuse_stale`: `workdir.check_code`); else run(scratch) now, store its record (a
+    TrainingDiverged as err.record() over `diverged`: a run that diverges is a result, not the end of the selection
+    or study) with its seconds and the code digest, and write records to records_path at once. Returns whether the
+    record was stored before. `fscil select` and `fscil study` both keep their runs this way, in a locked folder."""
+    code = code_digest()
     if key in records and not TrainingDiverged.stale(records[key]):
+        check_code(records[key], code, records_path.parent, reuse_stale)
         return True
     started = time.time()
     shutil.rmtree(scratch, ignore_errors=True)
@@ -240,22 +245,23 @@ def run_once(records: dict, key: str, records_path: Path, scratch: Path, run: Ca
     except TrainingDiverged as err:
         record = {**(diverged or {}), **err.record()}
     shutil.rmtree(scratch, ignore_errors=True)
-    records[key] = {**record, "seconds": round(time.time() - started, 2)}
+    records[key] = {**record, "seconds": round(time.time() - started, 2), "code": code}
     atomic_write_text(records_path, json.dumps(records, indent=2) + "\n")
     return False
 
 
-def _run_cached(cand: Config, pack: tuple[Path, dict], work_dir: Path, results: dict, results_path: Path) -> dict:
+def _run_cached(cand: Config, pack: tuple[Path, dict], work_dir: Path, results: dict, results_path: Path,
+                reuse_stale: bool = False) -> dict:
     """One candidate on one pseudo pack, from `results` when it ran before; a diverging candidate scores nan."""
     ckey = _key(cand, CANDIDATE_SECTIONS, pack[1]["content_hash"])
     cached = run_once(results, ckey, results_path, work_dir / "candidate",
                       lambda scratch: run_candidate(cand, pack[0], scratch, work_dir / "bases"),
-                      diverged={s: float("nan") for s in SCORES})
+                      diverged={s: float("nan") for s in SCORES}, reuse_stale=reuse_stale)
     return {**results[ckey], "cached": cached}
 
 
 def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionConfig | None = None, *,
-           work_dir: Path | None = None, log: Callable[[str], None] | None = None) -> dict:
+           work_dir: Path | None = None, log: Callable[[str], None] | None = None, reuse_stale: bool = False) -> dict:
     """Run the selection; writes out_dir/{selection.csv, selected.yaml, selection.json} and returns
     {"chosen": {dotted key: value}, "rows": [one per candidate, in order], "pseudo_protocol": {...},
     "pseudo_protocols": [one per pseudo protocol]}.
@@ -280,7 +286,12 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
                 raise FSCILError(f"params: selection candidate {key}={value!r}: "
                                  f"{str(err).removeprefix('params: ')}") from None
     out_dir, work_dir = Path(out_dir), Path(work_dir or Path(out_dir) / "work")
-    work_dir.mkdir(parents=True, exist_ok=True)
+    with locked(work_dir):
+        return _select(cfg, sel, order, full_order, fixed, pack_path, out_dir, work_dir, log, reuse_stale)
+
+
+def _select(cfg: Config, sel: SelectionConfig, order: list, full_order: list, fixed: set[str], pack_path: Path,
+            out_dir: Path, work_dir: Path, log: Callable[[str], None] | None, reuse_stale: bool) -> dict:
     say = log or (lambda line: None)
     packs = pseudo_packs(pack_path, work_dir, sel)
     pseudo = packs[0][1]
@@ -289,9 +300,8 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
         f"{', '.join(str(p[1]['seed']) for p in packs)}")
     results_path = work_dir / RESULTS_FILE
     results: dict[str, dict] = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    if results:  # keyed by the values a candidate reads, not by the code (like a study's stored runs)
-        say(f"select: {len(results)} candidate results stored in {work_dir} are reused where they match "
-            "(made by the code of then; delete the folder to recompute them)")
+    if results:  # keyed by the values a candidate reads; one made by other code is refused unless reuse_stale
+        say(f"select: {len(results)} candidate results stored in {work_dir} are reused where they match")
     chosen: dict[str, Any] = {}
     rows: list[dict] = []
     def group_values(group: list) -> list:
@@ -305,7 +315,7 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
         for value in values:
             cand = with_values(cfg, {**held, **chosen, key: value})
             runs = [_run_cached(dataclasses.replace(cand, seed=info["seed"]), (path, info), work_dir, results,
-                                results_path) for path, info in packs]
+                                results_path, reuse_stale) for path, info in packs]
             diverged = [r["diverged"] for r in runs if "diverged" in r]
             mean = {s: float(np.mean([r[s] for r in runs])) for s in SCORES}  # nan when one diverged
             scores.append(-math.inf if diverged else mean["avg"])

@@ -28,6 +28,7 @@ from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.plots import PROTOTYPE
 from pipeline.selection import run_candidate, run_once
+from pipeline.workdir import locked
 
 RUNS_FILE = "runs.json"
 
@@ -74,29 +75,35 @@ def _run(cfg: Config, variant: str, seed: int, work: Path, scratch: Path) -> dic
 
 
 def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out_dir: Path,
-              log: Callable[[str], None] | None = None, overrides: tuple[str, ...] | list[str] = ()) -> pd.DataFrame:
+              log: Callable[[str], None] | None = None, overrides: tuple[str, ...] | list[str] = (),
+              reuse_stale: bool = False) -> pd.DataFrame:
     """Run every (variant, seed) on `params` (a params.yaml mapping) with `-S` overrides; returns the per-session rows
-    of all runs."""
+    of all runs. Every run's config is checked before any folder is made; the work folder is locked while the study
+    runs, and a stored run made by other code is refused unless `reuse_stale`."""
     out_dir = Path(out_dir)
+    plan = [(variant, seed, build_config({**params, "variant": variant, "seed": seed}, overrides))
+            for seed in seeds for variant in variants]
     work = out_dir.with_name(out_dir.name + ".work")
-    work.mkdir(parents=True, exist_ok=True)
+    with locked(work):
+        return _run_plan(plan, variants, out_dir, work, log, reuse_stale)
+
+
+def _run_plan(plan: list[tuple[str, int, Config]], variants: list[str], out_dir: Path, work: Path,
+              log: Callable[[str], None] | None, reuse_stale: bool) -> pd.DataFrame:
     say = log or (lambda line: None)
     runs_path = work / RUNS_FILE
     runs: dict[str, dict] = json.loads(runs_path.read_text()) if runs_path.is_file() else {}
-    plan = [(variant, seed, build_config({**params, "variant": variant, "seed": seed}, overrides))
-            for seed in seeds for variant in variants]
     keys = [run_key(cfg) for _, _, cfg in plan]
     stored = sum(key in runs and not TrainingDiverged.stale(runs[key]) for key in keys)
-    if stored:  # keyed by every value a run reads, not by the code: after a code change, start from a new folder
-        say(f"study: reusing {stored} of {len(keys)} runs stored in {work} "
-            "(made by the code of then; delete the folder to recompute them)")
+    if stored:  # keyed by every value a run reads; one made by other code is refused unless reuse_stale
+        say(f"study: reusing {stored} of {len(keys)} runs stored in {work}")
     first: dict[str, str] = {}  # run key -> the variant of this study that named it first
     for (variant, seed, cfg), key in zip(plan, keys, strict=True):
         if first.setdefault(key, variant) != variant:
             say(f"{variant} seed {seed}: the same run as {first[key]} (every value it reads is equal)")
         # a diverged run is a result too: kept, counted, not averaged
         run_once(runs, key, runs_path, work / "sessions", functools.partial(_run, cfg, variant, seed, work),
-                 diverged={"variant": variant, "seed": seed})
+                 diverged={"variant": variant, "seed": seed}, reuse_stale=reuse_stale)
         if "diverged" in runs[key]:
             say(f"{variant} seed {seed}: diverged ({runs[key]['diverged']})")
             continue

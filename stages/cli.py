@@ -30,7 +30,18 @@ ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read."
 SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", "-S", help="Override one value: -S section.key=value (repeatable; `dvc exp run -S` syntax).")]
 DataDirOpt = Annotated[Path, typer.Option("--data-dir", help="Directory of the pipeline's artifacts.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars (progress lines stay).")]
+ReuseStaleOpt = Annotated[bool, typer.Option("--reuse-stale", help="Reuse stored runs made by other code.")]
+
+
+def _project_path(path: Path) -> Path:
+    """A relative --out is taken from the project root (the nearest folder up from here holding dvc.yaml), so a
+    study or selection lands in the same place from any subfolder."""
+    if path.is_absolute():
+        return path
+    here = Path.cwd()
+    root = next((d for d in (here, *here.parents) if (d / "dvc.yaml").is_file()), here)
+    return root / path
 
 
 def _fail(message: str, code: int) -> None:
@@ -228,7 +239,7 @@ def predict_images(images: Annotated[list[Path], typer.Argument(help="Image file
 def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"),
               out: Annotated[Path | None, typer.Option("--out", help="Output folder (default: <data-dir>/selection).")
                              ] = None,
-              quiet: QuietOpt = False, overrides: SetOpt = None) -> None:
+              quiet: QuietOpt = False, overrides: SetOpt = None, reuse_stale: ReuseStaleOpt = False) -> None:
     """Choose architecture and loss weights on pseudo-incremental tasks from the base session's training data only
     (the paper's protocol; slow, not part of `dvc repro`). Writes selection.csv, selected.yaml, selection.json.
     Stages before the loss weights score their candidates with lambda2 = lambda3 = 0 (the paper's order), whatever
@@ -239,9 +250,9 @@ def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Pa
     from stages import select as stage
 
     cfg = _config(params, overrides)
-    out = out or data_dir / "selection"
+    out = _project_path(out or data_dir / "selection")
     log = None if quiet else (lambda line: typer.echo(line, err=True))
-    result = _run("select", stage.run, cfg, _paths(data_dir), out, log=log)
+    result = _run("select", stage.run, cfg, _paths(data_dir), out, log=log, reuse_stale=reuse_stale)
     typer.echo(pd.DataFrame(result["rows"]).to_string(index=False))
     typer.echo("chosen: " + "  ".join(f"{k}={v}" for k, v in result["chosen"].items()))
     typer.echo(f"params fragment: {out / 'selected.yaml'}")
@@ -252,8 +263,10 @@ def study(variants: Annotated[str, typer.Option(help="Comma-separated variants (
               "mlp_baseline,single_ssm,dual_ssm,mamba_fscil"),
           seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
           params: ParamsOpt = Path("params.yaml"),
-          out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("data/studies/ablation"),
-          quiet: QuietOpt = False, overrides: SetOpt = None) -> None:
+          out: Annotated[Path | None, typer.Option("--out", help="Output folder (default: <data-dir>/studies/ablation; "
+                                                   "relative: from the project root).")] = None,
+          data_dir: DataDirOpt = Path("data"), quiet: QuietOpt = False, overrides: SetOpt = None,
+          reuse_stale: ReuseStaleOpt = False) -> None:
     """Run named variants x seeds through the pipeline's training code and write mean +- std tables and a plot
     (out/table.md, table.csv, runs.csv, sessions.csv, accuracy.png); slow, not part of `dvc repro`."""
     from pipeline.config import read_yaml
@@ -266,8 +279,9 @@ def study(variants: Annotated[str, typer.Option(help="Comma-separated variants (
     except ValueError:
         _fail(f"--seeds must be comma-separated integers, got {seeds!r}", FSCILError.exit_code)
     log = None if quiet else (lambda line: typer.echo(line, err=True))
+    out = _project_path(out or data_dir / "studies" / "ablation")
     sessions = _run("study", run_study, read_yaml(params), names, seed_list, out, log=log,
-                    overrides=overrides or ())
+                    overrides=overrides or (), reuse_stale=reuse_stale)
     typer.echo(table_markdown(study_table(sessions, names)))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -106,9 +107,13 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     said.clear()
     again = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out, log=said.append)
     pd.testing.assert_frame_equal(again, sessions)
-    # stored runs are keyed by their values, not by the code: reusing them is said, with the folder to delete
-    assert said[0] == (f"study: reusing 4 of 4 runs stored in {tmp_path / 'ablation.work'} "
-                       "(made by the code of then; delete the folder to recompute them)")
+    assert said[0] == f"study: reusing 4 of 4 runs stored in {tmp_path / 'ablation.work'}"
+    # runs stored by other code are refused, unless the user asks to reuse them
+    monkeypatch.setattr(selection, "code_digest", lambda: "f" * 64)
+    with pytest.raises(FSCILError, match=r"ablation\.work: holds runs made by other code .*--reuse-stale"):
+        study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out)
+    stale = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out, reuse_stale=True)
+    pd.testing.assert_frame_equal(stale, sessions)
 
 
 def test_variants_that_resolve_to_the_same_values_are_trained_once(tmp_path, monkeypatch):
@@ -280,3 +285,37 @@ def test_a_field_added_at_its_neutral_value_leaves_every_digest_as_before_it_exi
     assert config_digest(cfg(0.5, frozen=True), SECTIONS) == config_digest(cfg(1.0, frozen=True), SECTIONS)
     assert study.run_key(cfg(0.5, frozen=True)) == study.run_key(cfg(1.0, frozen=True)) != study.run_key(cfg(1.0))
     assert "base_lr_scale" in cfg(1.0).to_dict()["incremental"]  # params and reports still show it
+
+
+def test_a_second_process_on_the_same_work_folder_stops_and_touches_nothing(tmp_path):
+    """Two processes: one holds the study's work folder (as a running study does) with a scratch file in it; a study
+    started on the same folder stops with one line and the first one's files stay."""
+    import subprocess
+    import sys
+
+    work = tmp_path / "ablation.work"
+    (work / "sessions").mkdir(parents=True)
+    (work / "sessions" / "in_progress").write_text("the other study's scratch")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pipeline.workdir import locked\n"
+        f"with locked({str(work)!r}):\n    print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(FSCILError, match=rf"in use by another fscil study or select \(pid {holder.pid}\)"):
+            study.run_study(_study_params(), ["dual_ssm"], [0], tmp_path / "ablation")
+        assert (work / "sessions" / "in_progress").read_text() == "the other study's scratch"
+        assert not (tmp_path / "ablation").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_bad_arguments_make_no_folder(tmp_path):
+    from tests.pipeline_fixtures import cli, write_params
+
+    params = write_params(tmp_path / "params.yaml")
+    out = tmp_path / "studies" / "x"
+    result = cli("study", "--params", str(params), "--variants", "mamba_fscil,nope", "--out", str(out))
+    assert result.exit_code == 2 and "variant 'nope' does not exist" in result.output
+    assert not (tmp_path / "studies").exists()

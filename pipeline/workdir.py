@@ -1,0 +1,49 @@
+"""The work folder of `fscil study` / `fscil select` (stored runs, base models, scratch): one process at a time, and
+stored runs tied to the code that made them."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from pipeline.errors import FSCILError
+
+LOCK_FILE = ".lock"
+
+
+@contextmanager
+def locked(folder: Path) -> Iterator[Path]:
+    """Create `folder` and hold an exclusive lock on it: a second process on the same folder stops at once with one
+    line (it never touches the first one's scratch files). The lock goes with the process, also when it is killed."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = open(folder / LOCK_FILE, "a+")  # noqa: SIM115 - held for the whole block
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise FSCILError(f"{folder}: in use by another fscil study or select (pid {holder}); wait for it to end or "
+                         "choose another --out") from None
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield folder
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def check_code(record: dict, code: str, where: Path, reuse_stale: bool) -> None:
+    """A stored run made by other code (its "code" digest differs, or it has none) is refused, unless the user asks
+    to reuse such runs (`--reuse-stale`)."""
+    made_by = record.get("code")
+    if made_by != code and not reuse_stale:
+        raise FSCILError(f"{where}: holds runs made by other code (code {str(made_by)[:12]}, now {code[:12]}); pass "
+                         "--reuse-stale to reuse them anyway, or choose another --out")
