@@ -28,6 +28,7 @@ from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.plots import PROTOTYPE
 from pipeline.selection import run_candidate, run_once
+from pipeline.training.base_model import base_twin, config_digest
 from pipeline.workdir import locked
 
 RUNS_FILE = "runs.json"
@@ -69,27 +70,74 @@ def _pack(cfg: Config, work: Path) -> Path:
 
 
 def _run(cfg: Config, variant: str, seed: int, work: Path, scratch: Path) -> dict:
-    """One study run's record: its per-session table (base models shared in work/bases)."""
+    """One study run's record: its per-session table (base models shared in work/bases), computed with the run's
+    own thread count (params `threads`: CPU results depend on it), in whichever process runs it."""
+    import torch
+
+    torch.set_num_threads(cfg.threads)
     return {"variant": variant, "seed": seed,
             "table": run_candidate(cfg, _pack(cfg, work), scratch, work / "bases")["table"]}
 
 
 def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out_dir: Path,
               log: Callable[[str], None] | None = None, overrides: tuple[str, ...] | list[str] = (),
-              reuse_stale: bool = False) -> pd.DataFrame:
+              reuse_stale: bool = False, jobs: int = 1) -> pd.DataFrame:
     """Run every (variant, seed) on `params` (a params.yaml mapping) with `-S` overrides; returns the per-session rows
     of all runs. Every run's config is checked before any folder is made; the work folder is locked while the study
-    runs, and a stored run made by other code is refused unless `reuse_stale`."""
+    runs, and a stored run made by other code is refused unless `reuse_stale`. `jobs` > 1: runs in that many
+    processes at once (`_run_parallel`), with the same results as one."""
+    if jobs < 1:
+        raise FSCILError(f"--jobs must be >= 1, got {jobs}")
     out_dir = Path(out_dir)
     plan = [(variant, seed, build_config({**params, "variant": variant, "seed": seed}, overrides))
             for seed in seeds for variant in variants]
     work = out_dir.with_name(out_dir.name + ".work")
     with locked(work):
-        return _run_plan(plan, variants, out_dir, work, log, reuse_stale)
+        return _run_plan(plan, variants, out_dir, work, log, reuse_stale, jobs)
+
+
+def _run_group(items: list[tuple[str, str, int, Config]], work: Path, index: int, reuse_stale: bool) -> dict:
+    """One worker of `_run_parallel`: its runs in order, in its own scratch folder and records file; their records."""
+    records: dict[str, dict] = {}
+    part = work / f"runs.part{index}.json"
+    for key, variant, seed, cfg in items:
+        run_once(records, key, part, work / f"sessions.{index}", functools.partial(_run, cfg, variant, seed, work),
+                 diverged={"variant": variant, "seed": seed}, reuse_stale=reuse_stale)
+    part.unlink(missing_ok=True)
+    return records
+
+
+def _run_parallel(plan: list, keys: list[str], runs: dict, runs_path: Path, work: Path, jobs: int,
+                  reuse_stale: bool, say: Callable[[str], None]) -> None:
+    """The runs not stored yet, in `jobs` processes: the image packs first (shared), then one group of runs per base
+    model (a base model and its feature stores are made by one process; single_ssm goes with dual_ssm, whose base it
+    derives from), groups in parallel. Every run computes what it would alone (its seed, its threads)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    todo: dict[str, tuple[str, int, Config]] = {}
+    for (variant, seed, cfg), key in zip(plan, keys, strict=True):
+        if not (key in runs and not TrainingDiverged.stale(runs[key])):
+            todo.setdefault(key, (variant, seed, cfg))
+    groups: dict[str, list[tuple[str, str, int, Config]]] = {}
+    for key, (variant, seed, cfg) in todo.items():
+        _pack(cfg, work)
+        groups.setdefault(config_digest(base_twin(cfg) or cfg), []).append((key, variant, seed, cfg))
+    if not groups:
+        return
+    say(f"study: {len(todo)} runs in {len(groups)} groups (one per base model) over {min(jobs, len(groups))} "
+        "processes")
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(groups)), mp_context=context) as pool:
+        futures = [pool.submit(_run_group, items, work, i, reuse_stale) for i, items in enumerate(groups.values())]
+        for done, future in enumerate(as_completed(futures), 1):
+            runs.update(future.result())
+            atomic_write_text(runs_path, json.dumps(runs, indent=2) + "\n")
+            say(f"study: {done}/{len(futures)} groups done")
 
 
 def _run_plan(plan: list[tuple[str, int, Config]], variants: list[str], out_dir: Path, work: Path,
-              log: Callable[[str], None] | None, reuse_stale: bool) -> pd.DataFrame:
+              log: Callable[[str], None] | None, reuse_stale: bool, jobs: int = 1) -> pd.DataFrame:
     say = log or (lambda line: None)
     runs_path = work / RUNS_FILE
     runs: dict[str, dict] = json.loads(runs_path.read_text()) if runs_path.is_file() else {}
@@ -97,6 +145,8 @@ def _run_plan(plan: list[tuple[str, int, Config]], variants: list[str], out_dir:
     stored = sum(key in runs and not TrainingDiverged.stale(runs[key]) for key in keys)
     if stored:  # keyed by every value a run reads; one made by other code is refused unless reuse_stale
         say(f"study: reusing {stored} of {len(keys)} runs stored in {work}")
+    if jobs > 1:
+        _run_parallel(plan, keys, runs, runs_path, work, jobs, reuse_stale, say)
     first: dict[str, str] = {}  # run key -> the variant of this study that named it first
     for (variant, seed, cfg), key in zip(plan, keys, strict=True):
         if first.setdefault(key, variant) != variant:

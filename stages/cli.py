@@ -266,7 +266,9 @@ def study(variants: Annotated[str, typer.Option(help="Comma-separated variants (
           out: Annotated[Path | None, typer.Option("--out", help="Output folder (default: <data-dir>/studies/ablation; "
                                                    "relative: from the project root).")] = None,
           data_dir: DataDirOpt = Path("data"), quiet: QuietOpt = False, overrides: SetOpt = None,
-          reuse_stale: ReuseStaleOpt = False) -> None:
+          reuse_stale: ReuseStaleOpt = False,
+          jobs: Annotated[int, typer.Option("--jobs", "-j", help="Runs at once, each its own process (same results)."
+                                            )] = 1) -> None:
     """Run named variants x seeds through the pipeline's training code and write mean +- std tables and a plot
     (out/table.md, table.csv, runs.csv, sessions.csv, accuracy.png); slow, not part of `dvc repro`."""
     from pipeline.config import read_yaml
@@ -281,7 +283,7 @@ def study(variants: Annotated[str, typer.Option(help="Comma-separated variants (
     log = None if quiet else (lambda line: typer.echo(line, err=True))
     out = _project_path(out or data_dir / "studies" / "ablation")
     sessions = _run("study", run_study, read_yaml(params), names, seed_list, out, log=log,
-                    overrides=overrides or (), reuse_stale=reuse_stale)
+                    overrides=overrides or (), reuse_stale=reuse_stale, jobs=jobs)
     typer.echo(table_markdown(study_table(sessions, names)))
 
 

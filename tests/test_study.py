@@ -319,3 +319,15 @@ def test_bad_arguments_make_no_folder(tmp_path):
     result = cli("study", "--params", str(params), "--variants", "mamba_fscil,nope", "--out", str(out))
     assert result.exit_code == 2 and "variant 'nope' does not exist" in result.output
     assert not (tmp_path / "studies").exists()
+
+
+def test_jobs_2_gives_the_table_of_jobs_1(tmp_path):
+    """Two processes at once (one per base model: here one per seed), the same runs and the same table as one."""
+    params = _study_params()
+    one = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], tmp_path / "one")
+    said: list[str] = []
+    two = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], tmp_path / "two", jobs=2, log=said.append)
+    assert "study: 4 runs in 2 groups (one per base model) over 2 processes" in said
+    pd.testing.assert_frame_equal(one, two)
+    assert (tmp_path / "one" / "table.md").read_text() == (tmp_path / "two" / "table.md").read_text()
+    assert not list((tmp_path / "two.work").glob("runs.part*.json"))
