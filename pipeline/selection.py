@@ -49,6 +49,7 @@ from pipeline.training.base_model import BASE_MODEL_SECTIONS, MODEL_FILE, base_t
 from pipeline.training.base_session import derive_base_model, train_base
 from pipeline.training.extract import extract_features
 from pipeline.training.incremental_session import train_session
+from pipeline.training.progress import clock
 from pipeline.workdir import check_code, locked
 
 RESULTS_FILE = "results.json"  # candidate results by candidate key, kept in the work dir across runs
@@ -304,6 +305,9 @@ def _select(cfg: Config, sel: SelectionConfig, order: list, full_order: list, fi
         say(f"select: {len(results)} candidate results stored in {work_dir} are reused where they match")
     chosen: dict[str, Any] = {}
     rows: list[dict] = []
+    # candidates done / planned (a schedule pass that changes a value adds a pass: the total is then a floor)
+    count = {"done": 0, "total": sum(len(values) for _, _, values, _ in order), "started": time.time()}
+
     def group_values(group: list) -> list:
         """The values the group's keys run with now (chosen, else configured)."""
         current = with_values(cfg, chosen)
@@ -327,7 +331,12 @@ def _select(cfg: Config, sel: SelectionConfig, order: list, full_order: list, fi
                          "chosen": False})
             took = "cached" if all(r["cached"] for r in runs) else f"{rows[-1]['seconds']:.0f} s"
             outcome = f"diverged ({diverged[0]})" if diverged else f"AVG {mean['avg']:.2f} final {mean['final']:.2f}"
-            say(f"{key}={value}: {outcome} ({took})")
+            count["done"] += 1
+            count["total"] = max(count["total"], count["done"])
+            elapsed = time.time() - count["started"]
+            eta = elapsed / count["done"] * (count["total"] - count["done"])
+            say(f"[{count['done']}/{count['total']} candidates, elapsed {clock(elapsed)}, ETA {clock(eta)}] "
+                f"{key}={value}: {outcome} ({took})")
         if all(score == -math.inf for score in scores):
             raise FSCILError(f"selection: every candidate of {key} ({', '.join(map(str, values))}) diverged on at "
                              "least one pseudo protocol; add a smaller candidate (or lower incremental.lr)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.plots import PROTOTYPE
 from pipeline.selection import run_candidate, run_once
 from pipeline.training.base_model import base_twin, config_digest
+from pipeline.training.progress import clock
 from pipeline.workdir import locked
 
 RUNS_FILE = "runs.json"
@@ -148,17 +150,20 @@ def _run_plan(plan: list[tuple[str, int, Config]], variants: list[str], out_dir:
     if jobs > 1:
         _run_parallel(plan, keys, runs, runs_path, work, jobs, reuse_stale, say)
     first: dict[str, str] = {}  # run key -> the variant of this study that named it first
-    for (variant, seed, cfg), key in zip(plan, keys, strict=True):
+    started = time.time()
+    for done, ((variant, seed, cfg), key) in enumerate(zip(plan, keys, strict=True), 1):
         if first.setdefault(key, variant) != variant:
             say(f"{variant} seed {seed}: the same run as {first[key]} (every value it reads is equal)")
         # a diverged run is a result too: kept, counted, not averaged
         run_once(runs, key, runs_path, work / "sessions", functools.partial(_run, cfg, variant, seed, work),
                  diverged={"variant": variant, "seed": seed}, reuse_stale=reuse_stale)
+        elapsed = time.time() - started
+        head = f"[{done}/{len(plan)} runs, elapsed {clock(elapsed)}, ETA {clock(elapsed / done * (len(plan) - done))}]"
         if "diverged" in runs[key]:
-            say(f"{variant} seed {seed}: diverged ({runs[key]['diverged']})")
+            say(f"{head} {variant} seed {seed}: diverged ({runs[key]['diverged']})")
             continue
         table = pd.DataFrame(runs[key]["table"])
-        say(f"{variant} seed {seed}: AVG {table['acc'].mean():.2f} final {table['acc'].iloc[-1]:.2f} "
+        say(f"{head} {variant} seed {seed}: AVG {table['acc'].mean():.2f} final {table['acc'].iloc[-1]:.2f} "
             f"(prototype AVG {table['proto_backbone_acc'].mean():.2f})")
     # each (variant, seed) takes its run's record under its own name (a record shared by two names says the first)
     named = [(variant, seed, runs[key]) for (variant, seed, _), key in zip(plan, keys, strict=True)]

@@ -82,6 +82,8 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     said = []
     sessions = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out, log=said.append)
     assert not any("reusing" in line for line in said)
+    assert [line.split(" runs,")[0] for line in said if line.startswith("[")] == ["[1/4", "[2/4", "[3/4", "[4/4"]
+    assert all(" ETA " in line for line in said if line.startswith("["))
     runs = pd.read_csv(out / "runs.csv")
     assert sorted(zip(runs.variant, runs.seed, strict=True)) == [("dual_ssm", 0), ("dual_ssm", 1),
                                                                 ("mamba_fscil", 0), ("mamba_fscil", 1)]
