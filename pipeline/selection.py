@@ -112,12 +112,13 @@ def run_candidate(cfg: Config, pseudo_pack_path: Path, work_dir: Path, base_cach
     store = cache / "stores" / _key(cfg, STORE_SECTIONS, pack_hash) / "features.zarr"
     if not store.exists():
         with atomic_output(store, directory=True) as tmp:
-            extract_features(cfg, pseudo_pack_path, base_dir, tmp, show_progress=False)
+            extract_features(cfg, pseudo_pack_path, base_dir, tmp, show_progress=False, progress_lines=False)
     results = [json.loads((base_dir / "metrics.json").read_text())]
     prev = None
     for session in range(1, num_sessions):
         out = Path(work_dir) / f"session_{session}"
-        results.append(train_session(cfg, session, store, base_dir, prev, out, show_progress=False))
+        results.append(train_session(cfg, session, store, base_dir, prev, out, show_progress=False,
+                                     progress_lines=False))
         prev = out
     table = session_table(results)
     summary = summarise(table)

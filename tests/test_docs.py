@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -40,5 +40,17 @@ def test_relative_links_resolve(page):
             assert anchor in headings, f"{page.name}: {target} names no heading of {file.name}"
 
 
-def test_the_history_pages_are_linked_from_the_readme():
-    assert {"docs/omniglot-history.md", "docs/findings.md"} <= set(_local_links(ROOT / "README.md"))
+def test_the_research_pages_are_linked_from_their_index_and_the_index_from_the_readme():
+    assert "docs/research/README.md" in _local_links(ROOT / "README.md")
+    index = ROOT / "docs" / "research" / "README.md"
+    pages = {p.name for p in index.parent.glob("*.md")} - {"README.md"}
+    assert pages <= {Path(link).name for link in _local_links(index)}
+
+
+def test_the_readme_is_a_guide_and_nothing_reads_as_a_log():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 400
+    for page in PAGES:
+        body = page.read_text()
+        assert not re.search(r"\b[Ss]top \d+\b", body), page.name  # no session talk
+        assert "/work/" not in body and "_run_cached" not in body, page.name  # no paths outside, no private calls

@@ -32,7 +32,8 @@ def _batches(ids: np.ndarray, size: int):
 
 
 @torch.no_grad()
-def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_progress: bool = True) -> dict:
+def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_progress: bool = True,
+                     progress_lines: bool = True) -> dict:
     """Write the store at `out_path` (the caller makes it atomic); returns a summary."""
     started = time.time()
     device = resolve_device(cfg.device, cfg.deterministic)
@@ -74,7 +75,7 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
 
         total = len(test_ids) + len(fewshot_ids) * (1 + views) + len(base_ids)
         bar = tqdm(total=total, desc="extract", unit="img", disable=not show_progress)
-        progress = ProgressLog("extract", total, "image")
+        progress = ProgressLog("extract", total, "image", enabled=progress_lines)
 
         def advance(count: int) -> None:  # the bar (a terminal) and the progress line (logs, dvc repro)
             bar.update(count)

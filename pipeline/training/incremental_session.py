@@ -161,8 +161,9 @@ def loss_rose(before: float, after: float, factor: float = ROSE_FACTOR) -> bool:
 
 
 def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir: Path | None, out_dir: Path,
-                  show_progress: bool = True) -> dict:
-    """Train g_inc for one session and write out_dir/{state.safetensors, metrics.json}; returns the metrics."""
+                  show_progress: bool = True, progress_lines: bool = True) -> dict:
+    """Train g_inc for one session and write out_dir/{state.safetensors, metrics.json}; returns the metrics.
+    show_progress: a bar (a terminal); progress_lines: plain progress lines (logs, dvc repro)."""
     started = time.time()
     device = resolve_device(cfg.device, cfg.deterministic)
     base_ckpt = Path(base_dir) / MODEL_FILE
@@ -235,7 +236,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     fit_before = fit_loss(projector, classifier, x_all, y_all, num_seen, cfg.model.classifier, inc)
     order = torch.zeros(0, dtype=torch.long)
     bar = tqdm(range(steps), desc=f"session {session}", leave=False, disable=not show_progress)
-    progress = ProgressLog(f"session {session}", steps, "step")
+    progress = ProgressLog(f"session {session}", steps, "step", enabled=progress_lines)
     for step in bar:
         if step % per_epoch == 0:
             order = torch.randperm(len(y_all), generator=gen)
