@@ -1,5 +1,6 @@
-"""The README and docs/ link to each other and to the figures by relative paths: every such link must resolve, and
-an anchor into the README must name one of its headings (the history moved to docs/ and points back into it)."""
+"""The README (the user's guide) and docs/research/ (one page per study) link to each other and to the figures by
+relative paths: every such link must resolve, and an anchor into a page must name one of its headings. The README
+stays a guide of at most 400 lines; no page reads as a session log."""
 
 from __future__ import annotations
 
@@ -47,10 +48,25 @@ def test_the_research_pages_are_linked_from_their_index_and_the_index_from_the_r
     assert pages <= {Path(link).name for link in _local_links(index)}
 
 
+RESEARCH = sorted((ROOT / "docs" / "research").glob("*.md"))
+LOG_TALK = (
+    r"\b[Ss]top \d+\b", r"\b[Tt]his stop\b", r"[Ww]ritten down before", r"\bcp -a", r"\bln -s", r"\bprintf\b",
+    r"/work/", r"\.\./shared/", r"import _\w+", r"\b_run_cached\b",
+)
+
+
 def test_the_readme_is_a_guide_and_nothing_reads_as_a_log():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 400
     for page in PAGES:
         body = page.read_text()
-        assert not re.search(r"\b[Ss]top \d+\b", body), page.name  # no session talk
-        assert "/work/" not in body and "_run_cached" not in body, page.name  # no paths outside, no private calls
+        for pattern in LOG_TALK:  # no session talk, no work-folder surgery, no paths outside, no private calls
+            assert not re.search(pattern, body), f"{page.name}: {pattern}"
+
+
+@pytest.mark.parametrize("page", [p for p in RESEARCH if p.name != "README.md"], ids=lambda p: p.name)
+def test_each_research_page_has_headings_and_says_which_configuration_layout_it_used(page):
+    lines = page.read_text().splitlines()
+    assert lines[0].startswith("# ")
+    assert any(line.startswith("## ") for line in lines), f"{page.name} has no section headings"
+    assert "configuration layout" in "\n".join(lines[:12]).lower(), f"{page.name} does not say its layout"
