@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import pipeline.config as config
+import pipeline.config_layers as config_layers
 from pipeline.config import build_config, load_config
 from pipeline.errors import FSCILError
 from tests.pipeline_fixtures import cli
@@ -49,7 +50,7 @@ def test_a_key_can_be_set_to_null_where_null_means_something(tmp_path, monkeypat
     preset = yaml.safe_load((config.PRESET_DIR / "synthetic.yaml").read_text())
     preset["incremental"]["grad_clip_norm"] = 1.0
     (tmp_path / "clipped.yaml").write_text(yaml.safe_dump(preset))
-    monkeypatch.setattr(config, "PRESET_DIR", tmp_path)
+    monkeypatch.setattr(config_layers, "PRESET_DIR", tmp_path)
     assert build_config({"preset": "clipped"}).incremental.grad_clip_norm == 1.0
     cfg = build_config({"preset": "clipped", "incremental": {"grad_clip_norm": None}})
     assert cfg.incremental.grad_clip_norm is None and cfg.origins["incremental.grad_clip_norm"] == "params.yaml"
@@ -66,7 +67,7 @@ def test_an_omitted_key_takes_the_papers_value_never_a_switched_off_loss(tmp_pat
                          ("base", "dr_scale")):
         del preset[section][key]
     (tmp_path / "mine.yaml").write_text(yaml.safe_dump(preset))
-    monkeypatch.setattr(config, "PRESET_DIR", tmp_path)
+    monkeypatch.setattr(config_layers, "PRESET_DIR", tmp_path)
     cfg = build_config({"preset": "mine", "variant": "mamba_fscil"})
     assert (cfg.incremental.lambda2, cfg.incremental.lambda3) == (1e-5, 1e-3)  # the authors' CIFAR-100 values
     assert cfg.incremental.dr_scale == cfg.base.dr_scale == 10.0
@@ -83,7 +84,7 @@ def test_the_papers_method_refuses_a_switched_off_loss_naming_where_it_came_from
 def test_a_preset_may_not_name_a_variant(tmp_path, monkeypatch):
     preset = yaml.safe_load((config.PRESET_DIR / "synthetic.yaml").read_text())
     (tmp_path / "named.yaml").write_text(yaml.safe_dump({**preset, "variant": "dual_ssm"}))
-    monkeypatch.setattr(config, "PRESET_DIR", tmp_path)
+    monkeypatch.setattr(config_layers, "PRESET_DIR", tmp_path)
     with pytest.raises(FSCILError, match="preset named: a preset does not set variant"):
         build_config({"preset": "named"})
 

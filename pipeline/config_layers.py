@@ -1,0 +1,245 @@
+"""The layers that set each params value (the precedence rule of `pipeline.config`): reading the preset and variant
+files, flattening params mappings to dotted keys with one-line errors, `-S` overrides, and merging the layers with
+the origin of every value (`resolve_params`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.config_fields import SectionConfig
+from pipeline.config_sections import RUN_SECTION_TYPES
+from pipeline.config_selection import SelectionConfig
+from pipeline.errors import FSCILError
+
+PRESET_DIR = Path(__file__).parent / "presets"
+VARIANT_DIR = Path(__file__).parent / "variants"
+# every params.yaml section and its dataclass, in params.yaml's order
+SECTION_TYPES: dict[str, type[SectionConfig]] = {**RUN_SECTION_TYPES, "selection": SelectionConfig}
+SECTIONS = tuple(SECTION_TYPES)
+# the top-level keys and their defaults (`variant_params` is a layer of its own, not a value)
+TOP_DEFAULTS: dict[str, Any] = {"preset": "synthetic", "variant": None, "seed": 0, "device": "auto",
+                                "deterministic": True, "threads": 2, "sessions": None}
+TOP_KEYS = (*TOP_DEFAULTS, "variant_params")
+# what a variant file may hold besides params sections: the dotted keys its method needs above zero
+VARIANT_NONZERO = "nonzero"
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def available_variants() -> list[str]:
+    return sorted(p.stem for p in VARIANT_DIR.glob("*.yaml"))
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping from `path`; a missing or unreadable file or a syntax error is one line naming the line."""
+    try:
+        values = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise FSCILError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise FSCILError(f"{path}: is a directory, not a YAML file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise FSCILError(f"{path}: cannot be read ({err.__class__.__name__})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise FSCILError(f"{path}: not valid YAML ({where}{problem})") from None
+    if not isinstance(values, dict):
+        raise FSCILError(f"{path}: expected a mapping at the top level")
+    return values
+
+
+def describe_file(path: Path, limit: int = 110) -> str:
+    """The first comment line of a preset or variant file (what `fscil list` prints)."""
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("#"):
+            text = line.lstrip("# ").strip()
+            return text if len(text) <= limit else text[: limit - 3] + "..."
+    return ""
+
+
+def _variant_file(variant: str) -> dict[str, Any]:
+    if variant not in available_variants():
+        raise FSCILError(f"params: variant {variant!r} does not exist (choose from {', '.join(available_variants())})")
+    return read_yaml(VARIANT_DIR / f"{variant}.yaml")
+
+
+def variant_sections(variant: str | None) -> dict[str, dict[str, Any]]:
+    """What a named variant (pipeline/variants/<name>.yaml) sets itself, by section ({} for none)."""
+    if variant is None:
+        return {}
+    return {k: v for k, v in _variant_file(variant).items() if k != VARIANT_NONZERO}
+
+
+def variant_keys(variant: str | None) -> set[str]:
+    """The dotted keys a named variant fixes (a user's other value for one of them is an error)."""
+    return {f"{name}.{key}" for name, section in variant_sections(variant).items() for key in section}
+
+
+def variant_nonzero(variant: str | None) -> list[str]:
+    """The dotted keys a variant's method needs above zero (mamba_fscil: both class-sensitive losses on)."""
+    return list(_variant_file(variant).get(VARIANT_NONZERO, [])) if variant else []
+
+
+def flatten(values: dict[str, Any], where: str, top: bool = True) -> dict[str, Any]:
+    """A params mapping as {dotted key: value}, every key checked against the sections' fields (one-line errors that
+    name `where`); `variant_params` is left out (a layer of its own)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in SECTION_TYPES:
+            if value is None:  # `model:` with nothing under it
+                continue
+            if not isinstance(value, dict):
+                raise FSCILError(f"{where}: {key} must be a mapping of keys to values")
+            names = [f.name for f in dataclasses.fields(SECTION_TYPES[key])]
+            for sub, v in value.items():
+                if sub not in names:
+                    raise FSCILError(f"{where}: unknown key {key}.{sub} (valid: {', '.join(names)})")
+                out[f"{key}.{sub}"] = v
+        elif top and key in TOP_DEFAULTS:
+            out[key] = value
+        elif not (top and key == "variant_params"):
+            valid = f"{', '.join(TOP_KEYS)}, {', '.join(SECTIONS)}" if top else ", ".join(SECTIONS)
+            raise FSCILError(f"{where}: unknown key {key} (valid: {valid})")
+    return out
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """`-S section.key=value` (also `+key=value` / `++key=value`, as `dvc exp run -S` writes keys new to params.yaml):
+    {dotted key: value}, each value read as YAML (`null`, numbers, `[1, 2]`, strings)."""
+    out: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, text = item.lstrip("+").partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise FSCILError(f"-S {item}: expected section.key=value (e.g. -S incremental.lambda1=50)")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise FSCILError(f"-S {item}: the value is not valid YAML") from None
+        out[key] = value
+    nested: dict[str, Any] = {}
+    for key, value in out.items():
+        section, dot, sub = key.partition(".")
+        if dot:
+            nested.setdefault(section, {})
+            if not isinstance(nested[section], dict):
+                raise FSCILError(f"-S {key}: {section} is not a params section")
+            nested[section][sub] = value
+        else:
+            nested[key] = value
+    return flatten(nested, "-S")
+
+
+def _variant_params(values: Any, where: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """`variant_params: {<variant>: {<section>: {<key>: value}}}` checked for known variants and sections, and each
+    section's values by that section's own rules (on every run, not only the variant's)."""
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise FSCILError(f"{where}: variant_params must be a mapping of variant names to params sections")
+    for variant, sections in values.items():
+        if variant not in available_variants():
+            raise FSCILError(f"{where}: variant_params names variant {variant!r}, which does not exist "
+                             f"(choose from {', '.join(available_variants())})")
+        if not isinstance(sections, dict) or not all(isinstance(v, dict) for v in sections.values()):
+            raise FSCILError(f"{where}: variant_params.{variant} must map params sections to mappings")
+        flatten(sections, f"{where}: variant_params.{variant}", top=False)
+        for name, section in sections.items():
+            try:  # the section's own type and range rules, on these values alone
+                SECTION_TYPES[name].from_dict(section)
+            except FSCILError as err:
+                raise FSCILError(f"{where}: variant_params.{variant}: {str(err).removeprefix('params: ')}") from None
+    return values
+
+
+def _defaults() -> dict[str, Any]:
+    """Layer 1: every top-level key and section field at its default."""
+    out = dict(TOP_DEFAULTS)
+    for name, cls in SECTION_TYPES.items():
+        for key, value in dataclasses.asdict(cls()).items():
+            out[f"{name}.{key}"] = value
+    return out
+
+
+@dataclass(frozen=True)
+class Layer:
+    origin: str
+    values: dict[str, Any]
+    user: bool = False
+    """The user's own values: never silently replaced (a conflict with the variant is an error)."""
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def resolve_params(params: dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
+                   source: str = "params.yaml") -> tuple[dict[str, Any], dict[str, str]]:
+    """The layers of the module docstring merged: ({dotted key: value}, {dotted key: origin})."""
+    if not isinstance(params, dict):
+        raise FSCILError(f"{source}: expected a mapping at the top level")
+    user = flatten(params, source)
+    cli = parse_overrides(overrides)
+    chosen = {**user, **cli}
+    preset = chosen.get("preset", TOP_DEFAULTS["preset"])
+    if preset not in available_presets():
+        raise FSCILError(f"params: preset {preset!r} does not exist (choose from {', '.join(available_presets())})")
+    preset_values = read_yaml(PRESET_DIR / f"{preset}.yaml")
+    where = f"preset {preset}"
+    for key in ("preset", "variant", "sessions"):
+        if key in preset_values:
+            raise FSCILError(f"{where}: a preset does not set {key} (params.yaml does)")
+    preset_selected = _variant_params(preset_values.pop("variant_params", None), where)
+    user_selected = _variant_params(params.get("variant_params"), source)
+    variant = chosen.get("variant", TOP_DEFAULTS["variant"])
+    if variant is not None and not isinstance(variant, str):
+        raise FSCILError(f"params: variant must be a variant name or null, got {variant!r}")
+    fixed = Layer(f"variant {variant}", flatten(variant_sections(variant), f"variant {variant}", top=False))
+    layers = [Layer("default", _defaults()), Layer(where, flatten(preset_values, where))]
+    if variant is not None:
+        layers.append(Layer(f"{where}: variant_params.{variant}",
+                            flatten(preset_selected.get(variant, {}), where, top=False)))
+    layers.append(fixed)
+    if variant is not None:
+        layers.append(Layer(f"{source}: variant_params.{variant}",
+                            flatten(user_selected.get(variant, {}), source, top=False), user=True))
+    layers += [Layer(source, user, user=True), Layer("-S", cli, user=True)]
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for layer in layers:
+        for key, value in layer.values.items():
+            if layer is not fixed and key in fixed.values and value != fixed.values[key] and layer.origin != "default":
+                if layer.user:
+                    raise FSCILError(f"params: {key} = {_show(value)} ({layer.origin}) conflicts with variant "
+                                     f"{variant}, which fixes it at {_show(fixed.values[key])} "
+                                     f"(pipeline/variants/{variant}.yaml); remove one of them")
+                if layer.origin.endswith(f"variant_params.{variant}"):
+                    raise FSCILError(f"{layer.origin} sets {key}, which variant {variant} fixes")
+            values[key] = value
+            origins[key] = layer.origin
+    if origins["data.seed"] == "default":  # the synthetic images and generated protocols follow the run's seed
+        values["data.seed"], origins["data.seed"] = values["seed"], f"seed ({origins['seed']})"
+    return values, origins
+
+
+def nest(values: dict[str, Any]) -> dict[str, Any]:
+    """{dotted key: value} back to params sections."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        section, dot, sub = key.partition(".")
+        if dot:
+            out.setdefault(section, {})[sub] = value
+        else:
+            out[key] = value
+    return out
+
+
