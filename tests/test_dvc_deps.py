@@ -75,7 +75,13 @@ def command_files(cmd: str) -> set[Path]:
     files = {REPO / "stages" / "paths.py"} | _imported(top, "stages")
     for node in [command, *helpers]:
         files |= _imported(node, "stages")
-    return {REPO / "stages" / "fscil", cli} | import_closure(files - {cli})  # cli.py: only what this command runs
+    # the other command modules (stages/cli_*.py): their module-level imports run, their commands' lazy ones do not
+    tools = {f for f in files if f.parent == cli.parent and f.name.startswith("cli_") and f.name != "cli_common.py"}
+    for tool in tools:
+        tree = ast.parse(tool.read_text())
+        files |= _imported(ast.Module(body=[n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)],
+                                      type_ignores=[]), "stages")
+    return {REPO / "stages" / "fscil", cli} | tools | import_closure(files - {cli} - tools)
 
 
 def covered(path: Path, deps: list[str]) -> bool:
