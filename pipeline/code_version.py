@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from importlib import metadata
 from pathlib import Path
@@ -9,8 +10,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 
 
+@functools.cache
 def code_digest(root: Path = ROOT) -> str:
-    """sha256 over every .py file under pipeline/ (paths and contents, sorted): changes with any code change."""
+    """sha256 over every .py file under pipeline/ (paths and contents, sorted): changes with any code change. Read
+    once per process (every stored run of a study or selection asks for it)."""
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         if "__pycache__" in path.parts:

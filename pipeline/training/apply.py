@@ -22,7 +22,7 @@ from pipeline.errors import FSCILError
 from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.training.base_model import config_digest, load_base_model
 from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed
-from pipeline.training.incremental_session import SECTIONS, STATE_FILE
+from pipeline.training.incremental_session import SECTIONS, STATE_FILE, load_session_state
 
 EXPORT_KIND = "fscil-export"
 
@@ -63,12 +63,7 @@ def load_session_model(cfg, base_dir: Path, pack_path: Path, sessions_dir: Path,
                              f"{session}` (or dvc repro)")
         state, meta = load_checkpoint(path, {"kind": "session", "session": session,
                                             "config": config_digest(cfg, SECTIONS)})
-        projector = model.projector
-        if not cfg.incremental.freeze_base:
-            projector.load_state_dict({**projector.state_dict(), **unprefixed(state, "projector")})
-        projector.set_sessions(session)
-        projector.adapting_branch.load_state_dict(unprefixed(state, "adapting"))
-        model.classifier.load_state_dict(unprefixed(state, "classifier"))
+        load_session_state(model.projector, model.classifier, state, cfg, session)
         num_seen = int(meta["num_seen"])
     return TrainedModel(model.eval(), session, num_seen, names[:num_seen], base_meta["preset"],
                         int(base_meta["input_size"]), {"model": dataclasses.asdict(cfg.model), **meta,

@@ -79,6 +79,17 @@ def memory_tag(store: FeatureStore) -> str:
     return f"{kind}:{k}"
 
 
+def load_session_state(projector, classifier, state: dict, cfg, session: int) -> None:
+    """Projector and classifier (built from the base model) as session `session` left them: its g_inc (the expanding
+    baseline: one branch per session so far), its classifier and, where the base parts trained too, p_iden / g_base.
+    The next session and `fscil predict` / `fscil export` start from this."""
+    if not cfg.incremental.freeze_base:  # p_iden / g_base trained in the earlier sessions too
+        projector.load_state_dict({**projector.state_dict(), **unprefixed(state, "projector")})
+    projector.set_sessions(session)
+    projector.adapting_branch.load_state_dict(unprefixed(state, "adapting"))
+    classifier.load_state_dict(unprefixed(state, "classifier"))
+
+
 def _check_session(session: int, num_sessions: int, prev_dir: Path | None) -> None:
     if not 1 <= session < num_sessions:
         raise FSCILError(f"session {session} is out of range: the protocol has sessions 1..{num_sessions - 1}")
@@ -184,12 +195,8 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         state, _ = load_checkpoint(Path(prev_dir) / STATE_FILE, {
             "kind": "session", "session": session - 1, "config": digest, "store": store.attrs["checkpoint_sha256"],
             "memory": memory_tag(store)})
-        if not cfg.incremental.freeze_base:  # p_iden / g_base trained in the earlier sessions too
-            projector.load_state_dict({**projector.state_dict(), **unprefixed(state, "projector")})
-        projector.set_sessions(session - 1)  # the expanding baseline: one g_inc branch per earlier session
-        projector.adapting_branch.load_state_dict(unprefixed(state, "adapting"))
-        projector.set_sessions(session)  # ... and a new zero-gated one for this session, the earlier ones frozen
-        classifier.load_state_dict(unprefixed(state, "classifier"))
+        load_session_state(projector, classifier, state, cfg, session - 1)
+        projector.set_sessions(session)  # the expanding baseline: a new zero-gated branch, the earlier ones frozen
         memory = ClassMemory.from_tensors(state)
     elif cfg.incremental.inc_init == "base":
         if projector.g_inc is None:
