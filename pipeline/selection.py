@@ -306,6 +306,7 @@ def _select(cfg: Config, sel: SelectionConfig, order: list, full_order: list, fi
         say(f"select: {len(results)} candidate results stored in {work_dir} are reused where they match")
     chosen: dict[str, Any] = {}
     rows: list[dict] = []
+    all_diverged: list[str] = []  # keys whose every candidate diverged, in the order they ran
     # candidates done / planned (a schedule pass that changes a value adds a pass: the total is then a floor)
     count = {"done": 0, "total": sum(len(values) for _, _, values, _ in order), "started": time.time()}
 
@@ -338,10 +339,14 @@ def _select(cfg: Config, sel: SelectionConfig, order: list, full_order: list, fi
             eta = elapsed / count["done"] * (count["total"] - count["done"])
             say(f"[{count['done']}/{count['total']} candidates, elapsed {clock(elapsed)}, ETA {clock(eta)}] "
                 f"{key}={value}: {outcome} ({took})")
-        if all(score == -math.inf for score in scores):
-            raise FSCILError(f"selection: every candidate of {key} ({', '.join(map(str, values))}) diverged on at "
-                             "least one pseudo protocol; add a smaller candidate (or lower incremental.lr)")
         configured = _get(cfg, key)
+        if all(score == -math.inf for score in scores):
+            # nothing to choose: the configured value stays, and a later key (a clip, a smaller weight) may yet make
+            # the run train; when none is left, the selection ends with an error instead of a config that diverged
+            all_diverged.append(key)
+            say(f"every candidate of {key} ({', '.join(map(str, values))}) diverged on at least one pseudo protocol; "
+                f"{key} stays at {configured} and the selection goes on")
+            return
         paired = len(packs) > 1 and configured in values  # each candidate's gain over the configured value, in SE
         gains = [paired_gain_se(runs, per_protocol[values.index(configured)]) if paired and value != configured
                  else math.nan for value, runs in zip(values, per_protocol, strict=True)]
@@ -373,12 +378,18 @@ def _select(cfg: Config, sel: SelectionConfig, order: list, full_order: list, fi
                 choose_key(stage if n == 0 else f"{stage} (pass {n + 1})", key, values, held)
             if group_values(group) == before:
                 break
+    if rows and rows[-1]["key"] in all_diverged:  # the last key run: the configuration it leaves diverges
+        key = rows[-1]["key"]
+        values = ", ".join(str(row["value"]) for row in rows if row["key"] == key)
+        raise FSCILError(f"selection: every candidate of {key} ({values}) diverged on at least one pseudo protocol "
+                         "and no key is left after it; add a smaller candidate (or lower incremental.lr, or list "
+                         "incremental.grad_clip_norm candidates)")
 
     out_dir.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out_dir / "selection.csv", index=False)
     (out_dir / "selected.yaml").write_text(selected_yaml(chosen, [info for _, info in packs], cfg.variant,
                                                          needed_keys(cfg, chosen)))
-    summary = {"chosen": chosen, "rows": rows, "pseudo_protocol": pseudo,
+    summary = {"chosen": chosen, "rows": rows, "all_diverged": all_diverged, "pseudo_protocol": pseudo,
                "pseudo_protocols": [info for _, info in packs]}
     (out_dir / "selection.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -272,9 +272,9 @@ def test_several_pseudo_protocols_score_the_mean(real_pack, tmp_path, monkeypatc
     assert "seeds 5, 6" in (tmp_path / "out" / "selected.yaml").read_text()
 
 
-def test_a_key_whose_every_candidate_diverges_is_an_error(real_pack, tmp_path, monkeypatch):
-    """A diverging candidate loses; when all of a key's candidates diverge (on any protocol) nothing can be chosen,
-    and the selection says so instead of keeping a value that diverged."""
+def test_a_key_whose_every_candidate_diverges_is_an_error_when_it_is_the_last(real_pack, tmp_path, monkeypatch):
+    """A diverging candidate loses; when all of the last key's candidates diverge (on any protocol) nothing can be
+    chosen, and the selection says so instead of keeping a value that diverged."""
     params, paths = real_pack
     cfg = load_config(params)
 
@@ -293,6 +293,36 @@ def test_a_key_whose_every_candidate_diverges_is_an_error(real_pack, tmp_path, m
     sets = dataclasses.replace(sets, lambda3=[0.0, 0.1])
     assert selection.select(cfg, paths.pack, tmp_path / "out", sets,
                             work_dir=tmp_path / "work2")["chosen"]["incremental.lambda3"] == 0.0
+
+
+def test_a_key_whose_every_candidate_diverges_keeps_its_value_and_a_later_key_may_rescue(real_pack, tmp_path,
+                                                                                         monkeypatch):
+    """Every session lr diverges at the configured lambda1 100; the selection keeps the configured lr, says so, goes
+    on, and lambda1 10 (a later key) trains: chosen, with the lr rows marked diverged and the key listed."""
+    params, paths = real_pack
+    cfg = selection.with_values(load_config(params), {"incremental.lambda1": 100.0, "incremental.lr": 0.1})
+    ran: list = []
+
+    def run(cand, pack_path, work_dir, base_cache):
+        ran.append((cand.incremental.lr, cand.incremental.lambda1))
+        if cand.incremental.lambda1 > 10:
+            raise TrainingDiverged("session 1: non-finite loss at step 3; nothing written")
+        return {"avg": 50.0 + 10 * cand.incremental.lr, "final": 50.0, "pd": 0.0, "base": 50.0, "sessions": {}}
+
+    monkeypatch.setattr(selection, "run_candidate", run)
+    lines: list[str] = []
+    sets = SelectionConfig(seed=0, protocols=1, lr=[0.05, 0.2], freeze_base=[True], suppression=["z"], k_paths=[4],
+                           inc_init=["random"], lambda1=[10.0, 100.0], lambda2=[0.0], lambda3=[0.0])
+    result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work", log=lines.append)
+    # lr and the architecture keys before lambda1 (they too run at lambda1 100)
+    assert result["all_diverged"][0] == "incremental.lr" and "incremental.lambda1" not in result["all_diverged"]
+    assert "incremental.lr" not in result["chosen"] and result["chosen"]["incremental.lambda1"] == 10.0
+    rows = [(r["key"], r["value"], r["diverged"]) for r in result["rows"]
+            if r["key"] in ("incremental.lr", "incremental.lambda1")]
+    assert rows == [("incremental.lr", 0.05, True), ("incremental.lr", 0.2, True),
+                    ("incremental.lambda1", 10.0, False), ("incremental.lambda1", 100.0, True)]
+    assert (0.1, 10.0) in ran  # lambda1's candidates ran at the configured lr
+    assert any("incremental.lr stays at 0.1 and the selection goes on" in line for line in lines)
 
 
 def test_memory_k_keys_a_store_only_under_the_sampled_rule(real_pack):
