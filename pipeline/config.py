@@ -33,6 +33,7 @@ from pipeline.config_layers import (  # noqa: F401 - re-exported: the config API
     describe_file,
     flatten,
     nest,
+    read_preset,
     read_yaml,
     resolve_params,
     variant_keys,

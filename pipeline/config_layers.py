@@ -57,6 +57,30 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return values
 
 
+def _merge(low: dict[str, Any], high: dict[str, Any]) -> dict[str, Any]:
+    """`high` over `low`, mappings merged key by key (params sections, variant_params)."""
+    out = dict(low)
+    for key, value in high.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def read_preset(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A preset's values; a preset with `extends: <preset>` is that preset with its own values on top."""
+    if name not in available_presets():
+        where = f"preset {seen[-1]}: extends preset" if seen else "params: preset"
+        raise FSCILError(f"{where} {name!r} does not exist (choose from {', '.join(available_presets())})")
+    if name in seen:
+        raise FSCILError(f"preset {name}: extends itself ({' -> '.join((*seen, name))})")
+    values = read_yaml(PRESET_DIR / f"{name}.yaml")
+    parent = values.pop("extends", None)
+    if parent is None:
+        return values
+    if not isinstance(parent, str):
+        raise FSCILError(f"preset {name}: extends must name a preset, got {parent!r}")
+    return _merge(read_preset(parent, (*seen, name)), values)
+
+
 def describe_file(path: Path, limit: int = 110) -> str:
     """The first comment line of a preset or variant file (what `fscil list` prints)."""
     for line in Path(path).read_text().splitlines():
@@ -191,9 +215,7 @@ def resolve_params(params: dict[str, Any], overrides: list[str] | tuple[str, ...
     cli = parse_overrides(overrides)
     chosen = {**user, **cli}
     preset = chosen.get("preset", TOP_DEFAULTS["preset"])
-    if preset not in available_presets():
-        raise FSCILError(f"params: preset {preset!r} does not exist (choose from {', '.join(available_presets())})")
-    preset_values = read_yaml(PRESET_DIR / f"{preset}.yaml")
+    preset_values = read_preset(preset)
     where = f"preset {preset}"
     for key in ("preset", "variant", "sessions"):
         if key in preset_values:

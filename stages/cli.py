@@ -27,6 +27,7 @@ from stages.cli_common import (
     _project_path,
     _run,
     _show,
+    echo_line,
 )
 from stages.cli_tools import export, model_app, predict_images
 
@@ -143,8 +144,7 @@ def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Pa
 
     cfg = _config(params, overrides)
     out = _project_path(out or data_dir / "selection")
-    log = None if quiet else (lambda line: typer.echo(line, err=True))
-    result = _run("select", stage.run, cfg, _paths(data_dir), out, log=log, reuse_stale=reuse_stale)
+    result = _run("select", stage.run, cfg, _paths(data_dir), out, log=echo_line, reuse_stale=reuse_stale)
     typer.echo(pd.DataFrame(result["rows"]).to_string(index=False))
     typer.echo("chosen: " + "  ".join(f"{k}={v}" for k, v in result["chosen"].items()))
     typer.echo(f"params fragment: {out / 'selected.yaml'}")
@@ -172,9 +172,8 @@ def study(variants: Annotated[str, typer.Option(help="Comma-separated variants (
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
         _fail(f"--seeds must be comma-separated integers, got {seeds!r}", FSCILError.exit_code)
-    log = None if quiet else (lambda line: typer.echo(line, err=True))
     out = _project_path(out or data_dir / "studies" / "ablation")
-    sessions = _run("study", run_study, read_yaml(params), names, seed_list, out, log=log,
+    sessions = _run("study", run_study, read_yaml(params), names, seed_list, out, log=echo_line,
                     overrides=overrides or (), reuse_stale=reuse_stale, jobs=jobs)
     typer.echo(table_markdown(study_table(sessions, names)))
 

@@ -70,3 +70,8 @@ def _paths(data_dir: Path):
 
 def _show(summary: dict, keys: tuple[str, ...]) -> None:
     typer.echo(json.dumps({k: summary[k] for k in keys if k in summary}))
+
+
+def echo_line(line: str) -> None:
+    """A progress line on stderr (shown under --quiet too, which turns off bars only)."""
+    typer.echo(line, err=True)

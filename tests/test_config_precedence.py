@@ -89,6 +89,30 @@ def test_a_preset_may_not_name_a_variant(tmp_path, monkeypatch):
         build_config({"preset": "named"})
 
 
+def test_a_preset_extends_another_key_by_key(tmp_path, monkeypatch):
+    """`extends: <preset>`: the named preset with the extending file's values on top, sections and variant_params
+    merged key by key; an unknown or circular parent is a one-line error."""
+    for name in ("synthetic", "omniglot"):
+        (tmp_path / f"{name}.yaml").write_text((config.PRESET_DIR / f"{name}.yaml").read_text())
+    (tmp_path / "short.yaml").write_text(yaml.safe_dump({
+        "extends": "synthetic", "base": {"epochs": 7},
+        "variant_params": {"mamba_fscil_plus": {"incremental": {"lambda1": 3.0}}}}))
+    monkeypatch.setattr(config_layers, "PRESET_DIR", tmp_path)
+    full, short = build_config({"preset": "synthetic"}), build_config({"preset": "short"})
+    assert short.base.epochs == 7 and short.base.lr == full.base.lr and short.model == full.model
+    assert short.incremental == full.incremental and short.origins["base.lr"] == "preset short"
+    plus = build_config({"preset": "short", "variant": "mamba_fscil_plus"})
+    assert plus.incremental.lambda1 == 3.0  # its own variant_params value, the parent's others kept
+    assert plus.extract.memory == build_config({"variant": "mamba_fscil_plus"}).extract.memory == "sampled"
+    (tmp_path / "loop.yaml").write_text("extends: loop2\n")
+    (tmp_path / "loop2.yaml").write_text("extends: loop\n")
+    with pytest.raises(FSCILError, match=r"^preset loop: extends itself \(loop -> loop2 -> loop\)$"):
+        build_config({"preset": "loop"})
+    (tmp_path / "orphan.yaml").write_text("extends: nope\n")
+    with pytest.raises(FSCILError, match=r"^preset orphan: extends preset 'nope' does not exist"):
+        build_config({"preset": "orphan"})
+
+
 def test_overrides_win_over_the_params_file_and_name_unknown_keys(tmp_path):
     params = tmp_path / "p.yaml"
     params.write_text(yaml.safe_dump({"preset": "synthetic", "incremental": {"lr": 0.5}}))

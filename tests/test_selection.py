@@ -248,5 +248,7 @@ def test_cli_select(real_pack, tmp_path, monkeypatch):
     result = cli("select", "--params", str(params), "--data-dir", str(paths.data_dir), "--out", str(out), "-q")
     assert result.exit_code == 0, result.output
     assert "chosen: incremental.freeze_base=True" in result.output and "incremental.lambda3=0.1" in result.output
+    # -q turns off bars, not information: a line per candidate with the count and an ETA
+    assert "[8/8 candidates, elapsed" in result.output and "incremental.lambda3=0.1: AVG" in result.output
     assert sorted(p.name for p in out.iterdir()) == ["selected.yaml", "selection.csv", "selection.json"]
     assert (tmp_path / "chosen.work" / "pseudo_pack.h5").is_file() and len(calls) == 4

@@ -7,12 +7,11 @@ import re
 import pytest
 
 from pipeline.config import (
-    PRESET_DIR,
     VARIANT_DIR,
     available_presets,
     available_variants,
     build_config,
-    read_yaml,
+    read_preset,
     variant_keys,
 )
 from pipeline.errors import FSCILError
@@ -49,7 +48,7 @@ def test_ablation_rows_set_projector_and_losses_and_say_their_row(preset, row):
     assert cfg.model.projector == projector and cfg.variant == variant
     lambdas = (cfg.incremental.lambda1, cfg.incremental.lambda2, cfg.incremental.lambda3)
     if losses_on:  # the preset's weights, both losses on
-        top = read_yaml(PRESET_DIR / f"{preset}.yaml")["incremental"]
+        top = read_preset(preset)["incremental"]
         assert lambdas == (top["lambda1"], top["lambda2"], top["lambda3"])
         assert cfg.incremental.lambda1 > 0 and cfg.incremental.lambda3 > 0
     else:
@@ -77,7 +76,7 @@ def test_mamba_fscil_plus_differs_from_the_paper_by_the_additions_its_files_list
     plus_cfg = build_config(_params(preset, "mamba_fscil_plus"))
     plus = plus_cfg.to_dict()
     listed = variant_keys("mamba_fscil_plus") | {
-        f"{s}.{k}" for s, v in (read_yaml(PRESET_DIR / f"{preset}.yaml").get("variant_params") or {}).get(
+        f"{s}.{k}" for s, v in (read_preset(preset).get("variant_params") or {}).get(
             "mamba_fscil_plus", {}).items() for k in v}
     differ = {f"{s}.{k}" for s in paper if isinstance(paper[s], dict) for k in paper[s] if paper[s][k] != plus[s][k]}
     assert differ <= listed and {"incremental.freeze_base", "incremental.replay"} <= differ
