@@ -116,20 +116,35 @@ class Projector(nn.Module):
             module.requires_grad_(False)
             module.eval()
 
+    @torch.no_grad()
+    def frozen_outputs(self, f: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(mu_iden, mu_base) of every map in f when p_iden and g_base are both frozen (`freeze_base` on a projector
+        with g_inc): the part of mu an incremental step would otherwise recompute for the same stored maps. None when
+        they train."""
+        if self.g_inc is None or not self._frozen:
+            return None
+        parts = [(self.p_iden(x.mean(dim=(2, 3))), self.g_base(x)) for x in f.split(batch_size)]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
     def train(self, mode: bool = True):
         super().train(mode)
         for module in self._frozen:
             module.eval()
         return self
 
-    def forward(self, f: torch.Tensor, mode: str = "base", return_aux: bool = False) -> ProjectorOutput:
+    def forward(self, f: torch.Tensor, mode: str = "base", return_aux: bool = False,
+                frozen: tuple[torch.Tensor, torch.Tensor] | None = None) -> ProjectorOutput:
+        """frozen: (mu_iden, mu_base) of these maps from `frozen_outputs`, used instead of running the frozen parts."""
         if mode not in ("base", "incremental"):
             raise ValueError(f"mode must be 'base' or 'incremental', got {mode!r}")
-        mu_iden = self.p_iden(f.mean(dim=(2, 3)))
-        if return_aux and mode == "incremental" and self.g_inc is None:
-            mu_base, aux = self.g_base(f, return_aux=True)  # single_ssm: g_base is the adapting branch
+        if frozen is not None:
+            (mu_iden, mu_base), aux = frozen, {}
         else:
-            mu_base, aux = self.g_base(f), {}
+            mu_iden = self.p_iden(f.mean(dim=(2, 3)))
+            if return_aux and mode == "incremental" and self.g_inc is None:
+                mu_base, aux = self.g_base(f, return_aux=True)  # single_ssm: g_base is the adapting branch
+            else:
+                mu_base, aux = self.g_base(f), {}
         mu = mu_iden + mu_base
         mu_inc = None
         if mode == "incremental" and self.g_inc is not None:

@@ -123,10 +123,12 @@ def session_training_set(store: FeatureStore, session: int, fewshot: tuple, memo
 
 
 def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is_base: torch.Tensor, num_seen: int,
-                     classifier_kind: str, inc, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+                     classifier_kind: str, inc, gen: torch.Generator,
+                     frozen: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
     """The three terms of eq. optim_inc on one batch: (classification on feature-mixed mu, suppression (eq.
-    loss_supp), separation (eq. loss_sep)); a term whose weights are zero is an exact 0."""
-    out = projector(x, mode="incremental", return_aux=True)
+    loss_supp), separation (eq. loss_sep)); a term whose weights are zero is an exact 0. frozen: the batch's
+    (mu_iden, mu_base) when p_iden and g_base are frozen (`Projector.frozen_outputs`)."""
+    out = projector(x, mode="incremental", return_aux=True, frozen=frozen)
     mu, y_a, y_b, lam = feature_mixup(out.mu, y, inc.mixup_ratio, inc.mixup_prob, gen)
     head = HEADS[classifier_kind]
     cls = mixed_loss(head.loss, classifier(mu, num_seen), y_a, y_b, lam, scale=head.loss_scale(inc.dr_scale))
@@ -144,9 +146,14 @@ def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is
 ROSE_FACTOR = 1.5
 
 
+def rows(frozen: tuple[torch.Tensor, torch.Tensor] | None, idx) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The rows `idx` (an index tensor or a slice) of `Projector.frozen_outputs`' pair, or None."""
+    return None if frozen is None else (frozen[0][idx], frozen[1][idx])
+
+
 @torch.no_grad()
 def fit_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, num_seen: int, classifier_kind: str,
-             inc) -> float:
+             inc, frozen: tuple[torch.Tensor, torch.Tensor] | None = None) -> float:
     """The classification term of eq. optim_inc over the whole session training set, without feature mixup: the
     model's own fit to the rows it trains on, the same measure before and after a session (batch losses are not:
     with mixup they alternate between clean and mixed batches, so their first step says little)."""
@@ -157,8 +164,9 @@ def fit_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, num_seen: 
     classifier.eval()
     total = 0.0
     for start in range(0, len(y), inc.eval_batch_size):
-        xb, yb = x[start:start + inc.eval_batch_size], y[start:start + inc.eval_batch_size]
-        total += len(yb) * head.loss(classifier(projector(xb, mode="incremental").mu, num_seen), yb, scale=scale).item()
+        part = slice(start, start + inc.eval_batch_size)
+        mu = projector(x[part], mode="incremental", frozen=rows(frozen, part)).mu
+        total += len(y[part]) * head.loss(classifier(mu, num_seen), y[part], scale=scale).item()
     projector.train(modes[0])
     classifier.train(modes[1])
     return total / max(1, len(y))
@@ -240,7 +248,10 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     projector.train()
     classifier.train()
     history = {"loss": [], "cls": [], "supp": [], "sep": []}
-    fit_before = fit_loss(projector, classifier, x_all, y_all, num_seen, cfg.model.classifier, inc)
+    # p_iden and g_base, when frozen, give each stored map the same output every step: computed once here (not with
+    # lent deviations, which change the maps a step sees)
+    frozen = projector.frozen_outputs(x_all, inc.eval_batch_size) if deviations is None else None
+    fit_before = fit_loss(projector, classifier, x_all, y_all, num_seen, cfg.model.classifier, inc, frozen)
     order = torch.zeros(0, dtype=torch.long)
     bar = tqdm(range(steps), desc=f"session {session}", leave=False, disable=not show_progress)
     progress = ProgressLog(f"session {session}", steps, "step", enabled=progress_lines)
@@ -253,7 +264,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         if deviations is not None:
             x = lend_deviations(x, base_all[idx], deviations, inc.deviation_prob, deviation_gen)
         cls, supp, sep = incremental_loss(projector, classifier, x, y_all[idx], base_all[idx], num_seen,
-                                          cfg.model.classifier, inc, gen)
+                                          cfg.model.classifier, inc, gen, rows(frozen, idx))
         loss = cls + supp + sep  # eq. optim_inc
         if not torch.isfinite(loss):
             raise TrainingDiverged(f"session {session}: non-finite loss at step {step + 1}; nothing written "
@@ -267,7 +278,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
             history[key].append(round(value.item(), 6))
         bar.set_postfix(loss=f"{history['loss'][-1]:.4f}")
         progress.update(step + 1, loss=f"{history['loss'][-1]:.4f}")
-    fit_after = fit_loss(projector, classifier, x_all, y_all, num_seen, cfg.model.classifier, inc)
+    fit_after = fit_loss(projector, classifier, x_all, y_all, num_seen, cfg.model.classifier, inc, frozen)
     if loss_rose(fit_before, fit_after):
         raise TrainingDiverged(f"session {session}: the classification loss on the session's training set went from "
                                f"{fit_before:.3g} before training to {fit_after:.3g} after; nothing written (lower "
