@@ -144,6 +144,21 @@ def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is
 
 
 ROSE_FACTOR = 1.5
+CHECK_EVERY = 20  # steps between read-backs of the loss terms (each one waits for the device)
+
+
+def read_back(pending: list[torch.Tensor], history: dict[str, list[float]], session: int, done: int) -> None:
+    """Move the last steps' (loss, cls, supp, sep) rows into `history` (one wait for the device instead of one per
+    step) and stop at the first non-finite loss among them. `done`: steps done so far."""
+    values = torch.stack(pending).tolist()
+    first = done - len(values)
+    pending.clear()
+    for offset, row in enumerate(values):
+        if not math.isfinite(row[0]):
+            raise TrainingDiverged(f"session {session}: non-finite loss at step {first + offset + 1}; nothing "
+                                   "written (lower incremental.lr or lambda1, or set incremental.grad_clip_norm)")
+        for key, value in zip(("loss", "cls", "supp", "sep"), row, strict=True):
+            history[key].append(round(value, 6))
 
 
 def rows(frozen: tuple[torch.Tensor, torch.Tensor] | None, idx) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -253,6 +268,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     frozen = projector.frozen_outputs(x_all, inc.eval_batch_size) if deviations is None else None
     fit_before = fit_loss(projector, classifier, x_all, y_all, num_seen, cfg.model.classifier, inc, frozen)
     order = torch.zeros(0, dtype=torch.long)
+    pending: list[torch.Tensor] = []
     bar = tqdm(range(steps), desc=f"session {session}", leave=False, disable=not show_progress)
     progress = ProgressLog(f"session {session}", steps, "step", enabled=progress_lines)
     for step in bar:
@@ -266,18 +282,16 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         cls, supp, sep = incremental_loss(projector, classifier, x, y_all[idx], base_all[idx], num_seen,
                                           cfg.model.classifier, inc, gen, rows(frozen, idx))
         loss = cls + supp + sep  # eq. optim_inc
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(f"session {session}: non-finite loss at step {step + 1}; nothing written "
-                                   "(lower incremental.lr or lambda1, or set incremental.grad_clip_norm)")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if inc.grad_clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(trainable, inc.grad_clip_norm)
         opt.step()
-        for key, value in (("loss", loss), ("cls", cls), ("supp", supp), ("sep", sep)):
-            history[key].append(round(value.item(), 6))
-        bar.set_postfix(loss=f"{history['loss'][-1]:.4f}")
-        progress.update(step + 1, loss=f"{history['loss'][-1]:.4f}")
+        pending.append(torch.stack([loss, cls, supp, sep]).detach())  # read back every CHECK_EVERY steps only
+        if len(pending) == CHECK_EVERY or step + 1 == steps:
+            read_back(pending, history, session, step + 1)
+            bar.set_postfix(loss=f"{history['loss'][-1]:.4f}")
+            progress.update(step + 1, loss=f"{history['loss'][-1]:.4f}")
     fit_after = fit_loss(projector, classifier, x_all, y_all, num_seen, cfg.model.classifier, inc, frozen)
     if loss_rose(fit_before, fit_after):
         raise TrainingDiverged(f"session {session}: the classification loss on the session's training set went from "
