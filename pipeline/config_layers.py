@@ -57,16 +57,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return values
 
 
-def _merge(low: dict[str, Any], high: dict[str, Any]) -> dict[str, Any]:
-    """`high` over `low`, mappings merged key by key (params sections, variant_params)."""
-    out = dict(low)
-    for key, value in high.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def read_preset(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A preset's values; a preset with `extends: <preset>` is that preset with its own values on top."""
+def preset_chain(name: str, seen: tuple[str, ...] = ()) -> list[tuple[str, dict[str, Any]]]:
+    """[(preset name, its file's values)] from the preset it extends (first) to `name` (last): a preset with
+    `extends: <preset>` is that preset with its own values on top."""
     if name not in available_presets():
         where = f"preset {seen[-1]}: extends preset" if seen else "params: preset"
         raise FSCILError(f"{where} {name!r} does not exist (choose from {', '.join(available_presets())})")
@@ -74,11 +67,25 @@ def read_preset(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
         raise FSCILError(f"preset {name}: extends itself ({' -> '.join((*seen, name))})")
     values = read_yaml(PRESET_DIR / f"{name}.yaml")
     parent = values.pop("extends", None)
-    if parent is None:
-        return values
-    if not isinstance(parent, str):
+    if parent is not None and not isinstance(parent, str):
         raise FSCILError(f"preset {name}: extends must name a preset, got {parent!r}")
-    return _merge(read_preset(parent, (*seen, name)), values)
+    return ([] if parent is None else preset_chain(parent, (*seen, name))) + [(name, values)]
+
+
+def read_preset(name: str) -> dict[str, Any]:
+    """A preset's values as they apply (the presets it extends merged under it, key by key)."""
+    merged: dict[str, Any] = {}
+    for _, values in preset_chain(name):
+        merged = _merge(merged, values)
+    return merged
+
+
+def _merge(low: dict[str, Any], high: dict[str, Any]) -> dict[str, Any]:
+    """`high` over `low`, mappings merged key by key (params sections, variant_params)."""
+    out = dict(low)
+    for key, value in high.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def describe_file(path: Path, limit: int = 110) -> str:
@@ -214,23 +221,24 @@ def resolve_params(params: dict[str, Any], overrides: list[str] | tuple[str, ...
     user = flatten(params, source)
     cli = parse_overrides(overrides)
     chosen = {**user, **cli}
-    preset = chosen.get("preset", TOP_DEFAULTS["preset"])
-    preset_values = read_preset(preset)
-    where = f"preset {preset}"
-    for key in ("preset", "variant", "sessions"):
-        if key in preset_values:
-            raise FSCILError(f"{where}: a preset does not set {key} (params.yaml does)")
-    preset_selected = _variant_params(preset_values.pop("variant_params", None), where)
-    user_selected = _variant_params(params.get("variant_params"), source)
+    chain = preset_chain(chosen.get("preset", TOP_DEFAULTS["preset"]))
     variant = chosen.get("variant", TOP_DEFAULTS["variant"])
     if variant is not None and not isinstance(variant, str):
         raise FSCILError(f"params: variant must be a variant name or null, got {variant!r}")
+    preset_layers, selected_layers = [], []  # each preset of the chain, the one it extends first
+    for name, preset_values in chain:
+        where = f"preset {name}"
+        for key in ("preset", "variant", "sessions"):
+            if key in preset_values:
+                raise FSCILError(f"{where}: a preset does not set {key} (params.yaml does)")
+        preset_selected = _variant_params(preset_values.pop("variant_params", None), where)
+        preset_layers.append(Layer(where, flatten(preset_values, where)))
+        if variant is not None:
+            selected_layers.append(Layer(f"{where}: variant_params.{variant}",
+                                         flatten(preset_selected.get(variant, {}), where, top=False)))
+    user_selected = _variant_params(params.get("variant_params"), source)
     fixed = Layer(f"variant {variant}", flatten(variant_sections(variant), f"variant {variant}", top=False))
-    layers = [Layer("default", _defaults()), Layer(where, flatten(preset_values, where))]
-    if variant is not None:
-        layers.append(Layer(f"{where}: variant_params.{variant}",
-                            flatten(preset_selected.get(variant, {}), where, top=False)))
-    layers.append(fixed)
+    layers = [Layer("default", _defaults()), *preset_layers, *selected_layers, fixed]
     if variant is not None:
         layers.append(Layer(f"{source}: variant_params.{variant}",
                             flatten(user_selected.get(variant, {}), source, top=False), user=True))

@@ -100,9 +100,11 @@ def test_a_preset_extends_another_key_by_key(tmp_path, monkeypatch):
     monkeypatch.setattr(config_layers, "PRESET_DIR", tmp_path)
     full, short = build_config({"preset": "synthetic"}), build_config({"preset": "short"})
     assert short.base.epochs == 7 and short.base.lr == full.base.lr and short.model == full.model
-    assert short.incremental == full.incremental and short.origins["base.lr"] == "preset short"
+    assert short.incremental == full.incremental and short.origins["base.epochs"] == "preset short"
+    assert short.origins["base.lr"] == "preset synthetic"  # where each value came from, the parent named
     plus = build_config({"preset": "short", "variant": "mamba_fscil_plus"})
     assert plus.incremental.lambda1 == 3.0  # its own variant_params value, the parent's others kept
+    assert plus.origins["incremental.lambda1"] == "preset short: variant_params.mamba_fscil_plus"
     assert plus.extract.memory == build_config({"variant": "mamba_fscil_plus"}).extract.memory == "sampled"
     (tmp_path / "loop.yaml").write_text("extends: loop2\n")
     (tmp_path / "loop2.yaml").write_text("extends: loop\n")
