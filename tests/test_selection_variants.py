@@ -32,10 +32,10 @@ def test_a_variants_selection_holds_its_own_keys_and_writes_variant_params(real_
     def run(cand, *args):
         inc = cand.incremental
         seen.append((inc.lr, inc.freeze_base, inc.lambda1, inc.lambda2, inc.lambda3, inc.suppression))
-        return {"avg": 60.0 + 5.0 * (inc.lr == 0.03), "final": 1.0, "pd": 1.0, "base": 1.0, "sessions": {}}
+        return {"avg": 60.0 + 5.0 * (inc.lr == 0.05), "final": 1.0, "pd": 1.0, "base": 1.0, "sessions": {}}
 
     monkeypatch.setattr(selection, "run_candidate", run)
-    sets = SelectionConfig(**{**TINY_SELECTION, "lr": [0.1, 0.03], "lambda1": [1.0, 10.0],
+    sets = SelectionConfig(**{**TINY_SELECTION, "lr": [0.1, 0.05], "lambda1": [1.0, 10.0],
                               "suppression": ["z", "mu_inc"]})
     lines: list[str] = []
     result = selection.select(cfg, paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work", log=lines.append)
@@ -43,15 +43,15 @@ def test_a_variants_selection_holds_its_own_keys_and_writes_variant_params(real_
     assert set(result["chosen"]) == {"incremental.lr", "model.k_paths", "incremental.inc_init",
                                      "incremental.freeze_base"}
     assert any(line.startswith("incremental.suppression not selected") for line in lines)
-    assert result["chosen"]["incremental.lr"] == 0.03
+    assert result["chosen"]["incremental.lr"] == 0.05
     # the row's own values throughout, the suppression target at its configured value
     assert {s[2:] for s in seen} == {(0.0, 0.0, 0.0, cfg.incremental.suppression)}
     fragment = yaml.safe_load((tmp_path / "out" / "selected.yaml").read_text())
     assert list(fragment) == ["variant_params"] and fragment["variant_params"]["dual_ssm"]["incremental"][
-        "lr"] == 0.03
+        "lr"] == 0.05
     merged = {**values, **fragment}
-    assert build_config({**merged, "variant": "dual_ssm"}).incremental.lr == 0.03
-    assert build_config({**merged, "variant": "mlp_baseline"}).incremental.lr == cfg.incremental.lr != 0.03
+    assert build_config({**merged, "variant": "dual_ssm"}).incremental.lr == 0.05
+    assert build_config({**merged, "variant": "mlp_baseline"}).incremental.lr == cfg.incremental.lr != 0.05
 
 
 def test_a_single_branch_rows_selection_runs_its_projector_and_refuses_what_it_lacks(real_pack, tmp_path,
