@@ -130,12 +130,18 @@ def _run_parallel(plan: list, keys: list[str], runs: dict, runs_path: Path, work
     say(f"study: {len(todo)} runs in {len(groups)} groups (one per base model) over {min(jobs, len(groups))} "
         "processes")
     context = multiprocessing.get_context("spawn")
+    started, runs_done = time.time(), 0
     with ProcessPoolExecutor(max_workers=min(jobs, len(groups)), mp_context=context) as pool:
-        futures = [pool.submit(_run_group, items, work, i, reuse_stale) for i, items in enumerate(groups.values())]
+        futures = {pool.submit(_run_group, items, work, i, reuse_stale): len(items)
+                   for i, items in enumerate(groups.values())}
         for done, future in enumerate(as_completed(futures), 1):
             runs.update(future.result())
             atomic_write_text(runs_path, json.dumps(runs, indent=2) + "\n")
-            say(f"study: {done}/{len(futures)} groups done")
+            runs_done += futures[future]
+            elapsed = time.time() - started
+            eta = clock(elapsed / runs_done * (len(todo) - runs_done))
+            say(f"[{done}/{len(futures)} groups, {runs_done}/{len(todo)} runs, elapsed {clock(elapsed)}, ETA {eta}] "
+                f"study: a group of {futures[future]} runs done")
 
 
 def _run_plan(plan: list[tuple[str, int, Config]], variants: list[str], out_dir: Path, work: Path,
@@ -158,7 +164,10 @@ def _run_plan(plan: list[tuple[str, int, Config]], variants: list[str], out_dir:
         run_once(runs, key, runs_path, work / "sessions", functools.partial(_run, cfg, variant, seed, work),
                  diverged={"variant": variant, "seed": seed}, reuse_stale=reuse_stale)
         elapsed = time.time() - started
-        head = f"[{done}/{len(plan)} runs, elapsed {clock(elapsed)}, ETA {clock(elapsed / done * (len(plan) - done))}]"
+        eta = clock(elapsed / done * (len(plan) - done))
+        # with jobs > 1 the processes above ran them: read back here, no time to report
+        timing = "" if jobs > 1 else f", elapsed {clock(elapsed)}, ETA {eta}"
+        head = f"[{done}/{len(plan)} runs{timing}]"
         if "diverged" in runs[key]:
             say(f"{head} {variant} seed {seed}: diverged ({runs[key]['diverged']})")
             continue

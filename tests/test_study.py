@@ -330,6 +330,9 @@ def test_jobs_2_gives_the_table_of_jobs_1(tmp_path):
     said: list[str] = []
     two = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], tmp_path / "two", jobs=2, log=said.append)
     assert "study: 4 runs in 2 groups (one per base model) over 2 processes" in said
+    groups = [line for line in said if " groups, " in line]  # a line per finished group, with runs and an ETA
+    assert [line.split(",")[0] for line in groups] == ["[1/2 groups", "[2/2 groups"] and " 4/4 runs, " in groups[-1]
+    assert all(" ETA " in line for line in groups) and "[4/4 runs] " in "\n".join(said)
     pd.testing.assert_frame_equal(one, two)
     assert (tmp_path / "one" / "table.md").read_text() == (tmp_path / "two" / "table.md").read_text()
     assert not list((tmp_path / "two.work").glob("runs.part*.json"))
