@@ -123,8 +123,12 @@ class Projector(nn.Module):
         they train."""
         if self.g_inc is None or not self._frozen:
             return None
-        parts = [(self.p_iden(x.mean(dim=(2, 3))), self.g_base(x)) for x in f.split(batch_size)]
+        parts = [self._fixed_parts(x) for x in f.split(batch_size)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def _fixed_parts(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mu_iden, mu_base): eq. mu_iden_0 and g_base's output."""
+        return self.p_iden(f.mean(dim=(2, 3))), self.g_base(f)
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -137,14 +141,11 @@ class Projector(nn.Module):
         """frozen: (mu_iden, mu_base) of these maps from `frozen_outputs`, used instead of running the frozen parts."""
         if mode not in ("base", "incremental"):
             raise ValueError(f"mode must be 'base' or 'incremental', got {mode!r}")
-        if frozen is not None:
-            (mu_iden, mu_base), aux = frozen, {}
-        else:
+        if return_aux and mode == "incremental" and self.g_inc is None:  # single_ssm: g_base is the adapting branch
             mu_iden = self.p_iden(f.mean(dim=(2, 3)))
-            if return_aux and mode == "incremental" and self.g_inc is None:
-                mu_base, aux = self.g_base(f, return_aux=True)  # single_ssm: g_base is the adapting branch
-            else:
-                mu_base, aux = self.g_base(f), {}
+            mu_base, aux = self.g_base(f, return_aux=True)
+        else:
+            (mu_iden, mu_base), aux = frozen if frozen is not None else self._fixed_parts(f), {}
         mu = mu_iden + mu_base
         mu_inc = None
         if mode == "incremental" and self.g_inc is not None:

@@ -161,7 +161,7 @@ def read_back(pending: list[torch.Tensor], history: dict[str, list[float]], sess
             history[key].append(round(value, 6))
 
 
-def rows(frozen: tuple[torch.Tensor, torch.Tensor] | None, idx) -> tuple[torch.Tensor, torch.Tensor] | None:
+def frozen_rows(frozen: tuple[torch.Tensor, torch.Tensor] | None, idx) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The rows `idx` (an index tensor or a slice) of `Projector.frozen_outputs`' pair, or None."""
     return None if frozen is None else (frozen[0][idx], frozen[1][idx])
 
@@ -180,7 +180,7 @@ def fit_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, num_seen: 
     total = 0.0
     for start in range(0, len(y), inc.eval_batch_size):
         part = slice(start, start + inc.eval_batch_size)
-        mu = projector(x[part], mode="incremental", frozen=rows(frozen, part)).mu
+        mu = projector(x[part], mode="incremental", frozen=frozen_rows(frozen, part)).mu
         total += len(y[part]) * head.loss(classifier(mu, num_seen), y[part], scale=scale).item()
     projector.train(modes[0])
     classifier.train(modes[1])
@@ -280,7 +280,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         if deviations is not None:
             x = lend_deviations(x, base_all[idx], deviations, inc.deviation_prob, deviation_gen)
         cls, supp, sep = incremental_loss(projector, classifier, x, y_all[idx], base_all[idx], num_seen,
-                                          cfg.model.classifier, inc, gen, rows(frozen, idx))
+                                          cfg.model.classifier, inc, gen, frozen_rows(frozen, idx))
         loss = cls + supp + sep  # eq. optim_inc
         opt.zero_grad(set_to_none=True)
         loss.backward()
