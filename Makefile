@@ -8,11 +8,19 @@ BIN := $(VENV)/bin
 
 # torch is pinned through constraints.txt to the local CPU build (an unpinned torch pulls CUDA wheels);
 # torchvision's CUDA build is made importable by pipeline/compat/torchvision_cpu.py (a lazy .pth hook).
+# uv installs the same pins as pip in ~30 s instead of ~75 s; where uv cannot be had, pip does it. Bytecode is
+# compiled at install: with PYTHONDONTWRITEBYTECODE set, every stage would otherwise compile torch again (~6 s).
+FIND_LINKS := $(shell $(PY) -m pip config get global.find-links 2>/dev/null)
+UV_PIP = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
 install:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt torch==2.13.0 torchvision==0.28.0 --no-deps
-	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
+	if $(BIN)/pip install -q uv==0.13.9; then \
+	  $(UV_PIP) -c constraints.txt torch==2.13.0 torchvision==0.28.0 --no-deps && \
+	  $(UV_PIP) -c constraints.txt -e ".[dev]"; \
+	else \
+	  $(BIN)/pip install -q -c constraints.txt torch==2.13.0 torchvision==0.28.0 --no-deps && \
+	  $(BIN)/pip install -q -c constraints.txt -e ".[dev]"; \
+	fi
 	$(BIN)/python -m pipeline.compat.torchvision_cpu --install
 	$(BIN)/python -c "import timm, torch, zarr, h5py, dvc, typer, pandas; print('environment ok: torch', torch.__version__, 'timm', timm.__version__)"
 
