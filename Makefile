@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install repro test test-cuda lint
+.PHONY: install repro kernels test test-cuda lint
 
 # torch is pinned through constraints.txt to the local CPU build (an unpinned torch pulls CUDA wheels);
 # torchvision's CUDA build is made importable by pipeline/compat/torchvision_cpu.py (a lazy .pth hook).
@@ -34,7 +34,13 @@ $(BIN)/fscil: pyproject.toml constraints.txt
 	$(MAKE) install
 	touch $@
 
-test: $(BIN)/fscil
+# the kernel tests need triton (~1 GB): installed for the tests, not for `make repro`
+kernels: $(BIN)/fscil
+	$(BIN)/python -c "import triton" 2>/dev/null || \
+	  if [ -x $(BIN)/uv ]; then $(UV_PIP) -c constraints.txt -e ".[dev,kernels]"; \
+	  else $(BIN)/pip install -q -c constraints.txt -e ".[dev,kernels]"; fi
+
+test: kernels
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -x --durations=15
 

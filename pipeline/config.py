@@ -43,6 +43,7 @@ from pipeline.config_layers import (  # noqa: F401 - re-exported: the config API
 from pipeline.config_sections import BaseConfig, DataConfig, ExtractConfig, IncrementalConfig, ModelConfig
 from pipeline.config_selection import SelectionConfig
 from pipeline.errors import FSCILError
+from pipeline.ops import SCAN_CHOICES
 
 
 @dataclass
@@ -62,6 +63,8 @@ class Config:
     """params.yaml `sessions`: the incremental sessions `dvc repro` runs (dvc.yaml's foreach); None outside DVC."""
     deterministic: bool = True
     """CUDA only: bit-for-bit reruns in full float32 (true) or the faster kernels (false); `pipeline.device`."""
+    scan: str = "auto"
+    """CUDA only: which selective scan runs: auto | torch | triton | mamba (`pipeline.ops.selective_scan.set_scan`)."""
     origins: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     """Dotted key -> the layer its value came from (module docstring)."""
 
@@ -73,9 +76,9 @@ class Config:
     def to_dict(self, for_digest: bool = False) -> dict[str, Any]:
         """Every value; for_digest: the sections as digests hash them (`SectionConfig.digest_values`)."""
         out = {"preset": self.preset, "seed": self.seed, "device": self.device, "deterministic": self.deterministic,
-               "threads": self.threads, "variant": self.variant}
+               "scan": self.scan, "threads": self.threads, "variant": self.variant}
         if for_digest and self.device == "cpu":
-            del out["deterministic"]  # a CPU run does not read it (stored runs keep their keys)
+            del out["deterministic"], out["scan"]  # a CPU run reads neither (stored runs keep their keys)
         for name in SECTIONS:
             section = getattr(self, name)
             out[name] = section.digest_values() if for_digest else dataclasses.asdict(section)
@@ -88,9 +91,10 @@ class Config:
 # `device` is written resolved (auto -> cpu or cuda), so a run moved to a GPU re-runs the stages that compute.
 STAGE_KEYS = {
     "prepare": ("seed", "data", "sessions"),
-    "base": ("seed", "threads", "device", "deterministic", "data", "model", "base"),
-    "extract": ("seed", "threads", "device", "deterministic", "data", "model", "base", "extract"),
-    "incremental": ("seed", "threads", "device", "deterministic", "data", "model", "base", "extract", "incremental"),
+    "base": ("seed", "threads", "device", "deterministic", "scan", "data", "model", "base"),
+    "extract": ("seed", "threads", "device", "deterministic", "scan", "data", "model", "base", "extract"),
+    "incremental": ("seed", "threads", "device", "deterministic", "scan", "data", "model", "base", "extract",
+                    "incremental"),
     "report": ("preset", "variant", "method", "seed", "model.projector"),
 }
 
@@ -203,12 +207,14 @@ def _build(merged: dict[str, Any]) -> Config:
           "must be auto, cpu or cuda[:N]")
     deterministic = merged["deterministic"]
     check(isinstance(deterministic, bool), "", "deterministic", "must be true or false")
+    scan = merged["scan"]
+    check(scan in SCAN_CHOICES, "", "scan", f"must be one of {', '.join(SCAN_CHOICES)}")
     threads = merged["threads"]
     check(isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1, "", "threads",
           "must be a positive integer")
     sections = {name: cls.from_dict(merged[name]) for name, cls in SECTION_TYPES.items()}
     return Config(preset=merged["preset"], seed=seed, device=device, threads=threads, variant=merged["variant"],
-                  sessions=check_session_map(merged["sessions"]), deterministic=deterministic, **sections)
+                  sessions=check_session_map(merged["sessions"]), deterministic=deterministic, scan=scan, **sections)
 
 
 def check_combination(cfg: Config) -> None:

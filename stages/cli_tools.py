@@ -151,6 +151,8 @@ def model_cost(
     batch: Annotated[int, typer.Option(help="Batch size.")] = 64,
     repeats: Annotated[int, typer.Option(help="Timed repeats (the median is reported).")] = 5,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    scans: Annotated[str, typer.Option(help="Selective scans to time, comma separated (params `scan`; CUDA: "
+                                            "torch,triton,mamba).")] = "auto",
     out: Annotated[Path, typer.Option(help="Output folder: cost.csv and cost.png.")] = Path("data/cost"),
 ) -> None:
     """Cost curves of the projector: parameters, inference and training-step time against the number of sessions
@@ -171,7 +173,7 @@ def model_cost(
         channels, side = channels or summary[0], side or summary[1]
     threads = torch.get_num_threads()
     table = _run("model cost", cost_curves, preset, {}, projectors.split(","), channels, side, sessions, side_list,
-                 batch, repeats, device, log=lambda line: typer.echo(line, err=True))
+                 batch, repeats, device, log=lambda line: typer.echo(line, err=True), scans=tuple(scans.split(",")))
     out.mkdir(parents=True, exist_ok=True)
     with atomic_output(out / "cost.csv") as tmp:
         table.assign(device=device, threads=threads, batch=batch, channels=channels).to_csv(tmp, index=False)

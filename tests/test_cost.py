@@ -36,3 +36,14 @@ def test_cost_curves_csv_and_plot(tmp_path):
 def test_cost_rejects_bad_sides(tmp_path):
     result = cli("model", "cost", "--sides", "1,x", "--out", str(tmp_path / "c"))
     assert result.exit_code == 2 and "--sides" in result.output and not (tmp_path / "c").exists()
+
+
+def test_cost_times_each_scan_asked_for_and_rejects_gpu_scans_on_the_cpu(tmp_path):
+    out = tmp_path / "cost"
+    result = cli("model", "cost", "--preset", "synthetic", "--projectors", "dual_ssm", "--sessions", "1",
+                 "--sides", "2", "--batch", "2", "--repeats", "1", "--scans", "auto,torch", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "cost.csv")
+    assert table["scan"].tolist() == ["auto", "auto", "torch", "torch"]
+    result = cli("model", "cost", "--scans", "torch,triton", "--out", str(tmp_path / "c"))
+    assert result.exit_code == 2 and "need --device cuda" in result.output and not (tmp_path / "c").exists()

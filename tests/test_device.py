@@ -85,3 +85,20 @@ def test_deterministic_param_is_validated_and_keys_only_gpu_runs():
     on_gpu = [build_config({"device": d, "deterministic": v}).to_dict(for_digest=True) for d in ("cuda", "auto")
               for v in (True, False)]
     assert [d["deterministic"] for d in on_gpu] == [True, False, True, False]
+
+
+def test_scan_param_is_validated_keys_only_gpu_runs_and_reaches_the_scan(one_fake_gpu, monkeypatch):
+    assert build_config({}).scan == "auto" and build_config({"scan": "torch"}).scan == "torch"
+    with pytest.raises(FSCILError, match="scan must be one of auto, torch, triton, mamba"):
+        build_config({"scan": "fast"})
+    assert "scan" not in build_config({"device": "cpu"}).to_dict(for_digest=True)
+    assert build_config({"device": "cuda", "scan": "torch"}).to_dict(for_digest=True)["scan"] == "torch"
+    monkeypatch.setattr(scan_module, "_scan_choice", "auto")
+    resolve_device("cpu", scan="torch")
+    assert scan_module._scan_choice == "auto"  # the CPU always takes the PyTorch scan: nothing is set
+    resolve_device("cuda", scan="torch")
+    assert scan_module._scan_choice == "torch"
+    monkeypatch.setattr(scan_module, "_cuda_selective_scan", None)
+    with pytest.raises(FSCILError, match="scan: mamba needs mamba_ssm"):
+        resolve_device("cuda", scan="mamba")
+    assert scan_module._scan_choice == "torch"

@@ -13,6 +13,7 @@ import pandas as pd
 import torch
 
 from pipeline.config import preset_model_config
+from pipeline.errors import FSCILError
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -57,7 +58,8 @@ def benchmark_branch(preset: str, overrides: dict, batch: int, channels: int, hw
 
 
 # ---- cost curves (paper Fig. 1 and its cost comparison): the projector against sessions and against tokens L ------
-COST_COLUMNS = ("projector", "curve", "sessions", "side", "tokens", "parameters", "inference_ms", "train_step_ms")
+COST_COLUMNS = ("projector", "scan", "curve", "sessions", "side", "tokens", "parameters", "inference_ms",
+                "train_step_ms")
 
 
 def _projector_costs(kind: str, cfg, channels: int, side: int, sessions: int, batch: int, repeats: int,
@@ -106,20 +108,32 @@ def preset_map(preset: str) -> tuple[int, int]:
 
 def cost_curves(preset: str, overrides: dict, kinds: list[str], channels: int, side: int, max_sessions: int,
                 sides: list[int], batch: int, repeats: int, device: str = "cpu",
-                log: Callable[[str], None] | None = None) -> pd.DataFrame:
+                log: Callable[[str], None] | None = None, scans: tuple[str, ...] = ("auto",)) -> pd.DataFrame:
     """Rows of COST_COLUMNS: curve "sessions" (1..max_sessions at side x side) and curve "tokens" (each side in
-    `sides`, session 1), for every projector kind."""
+    `sides`, session 1), for every projector kind and every selective scan in `scans` (params `scan`; CUDA only
+    beyond auto and torch: CPU tensors always take the PyTorch scan)."""
+    from pipeline.ops import selective_scan as scan_module
+
+    if not device.startswith("cuda") and set(scans) - {"auto", "torch"}:
+        raise FSCILError(f"model cost: scans {', '.join(scans)} need --device cuda (the CPU runs the PyTorch scan)")
     cfg, _ = preset_model_config(preset, overrides)
     say = log or (lambda line: None)
     points = [("sessions", s, side) for s in range(1, max_sessions + 1)] + [("tokens", 1, h) for h in sides]
-    rows = []
-    for kind in kinds:
-        for curve, sessions, h in points:
-            rows.append({"curve": curve, **_projector_costs(kind, cfg, channels, h, sessions, batch, repeats,
-                                                            device)})
-            r = rows[-1]
-            say(f"{kind} {curve}: session {sessions}, L {h}x{h}: {r['parameters']:,} parameters, "
-                f"inference {r['inference_ms']:.2f} ms, train step {r['train_step_ms']:.2f} ms")
+    rows, before = [], scan_module._scan_choice
+    try:
+        for scan in scans:
+            scan_module.set_scan(scan)
+            for kind in kinds:
+                for curve, sessions, h in points:
+                    rows.append({"curve": curve, "scan": scan,
+                                 **_projector_costs(kind, cfg, channels, h, sessions, batch, repeats, device)})
+                    r = rows[-1]
+                    say(f"{kind} ({scan} scan) {curve}: session {sessions}, L {h}x{h}: {r['parameters']:,} "
+                        f"parameters, inference {r['inference_ms']:.2f} ms, train step {r['train_step_ms']:.2f} ms")
+    except ValueError as err:
+        raise FSCILError(f"model cost: {err}") from None
+    finally:
+        scan_module.set_scan(before)
     return pd.DataFrame(rows, columns=list(COST_COLUMNS))
 
 
@@ -135,8 +149,9 @@ def plot_cost_curves(table: pd.DataFrame, path: Path, title: str) -> None:
             part = table[table["curve"] == curve]
             for col, (measure, ylabel) in enumerate(measures):
                 ax = axes[row, col]
-                for kind, runs in part.groupby("projector", sort=False):
-                    ax.plot(runs[x], runs[measure], marker="o", label=kind)
+                several = part["scan"].nunique() > 1
+                for (kind, scan), runs in part.groupby(["projector", "scan"], sort=False):
+                    ax.plot(runs[x], runs[measure], marker="o", label=f"{kind} ({scan})" if several else kind)
                 ax.set_xlabel(xlabel)
                 ax.set_ylabel(ylabel)
                 if curve == "tokens":

@@ -1,4 +1,4 @@
-"""Selective scan (the S6 recurrence of Mamba): mamba_ssm's CUDA kernel when available, else PyTorch.
+"""Selective scan (the S6 recurrence of Mamba): PyTorch, mamba_ssm's CUDA kernel or our Triton kernel (params `scan`).
 
 Same arguments and semantics as `mamba_ssm.ops.selective_scan_interface.selective_scan_fn`:
 
@@ -27,10 +27,37 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from pipeline.ops import SCAN_CHOICES
+
 try:
     from mamba_ssm.ops.selective_scan_interface import selective_scan_fn as _cuda_selective_scan
 except Exception:  # mamba_ssm raises more than ImportError when its CUDA extension is missing
     _cuda_selective_scan = None
+
+
+_scan_choice = "auto"  # params `scan`, set for the process by `set_scan` (pipeline.device.resolve_device)
+
+
+def set_scan(choice: str) -> None:
+    """Which scan CUDA tensors take (params `scan`): auto (mamba_ssm's kernel where `use_kernel` allows it, else
+    PyTorch), torch, triton (ours, `pipeline.ops.selective_scan_triton`: deterministic, so it trains under
+    `deterministic: true` too) or mamba (as auto, but mamba_ssm must be installed). CPU tensors always take PyTorch."""
+    if choice not in SCAN_CHOICES:
+        raise ValueError(f"scan must be one of {', '.join(SCAN_CHOICES)}, got {choice!r}")
+    if choice == "mamba" and _cuda_selective_scan is None:
+        raise ValueError("scan: mamba needs mamba_ssm with its CUDA extension (README \"CUDA machines\")")
+    if choice == "triton":
+        _triton_scan()  # fails here, with the reason, rather than at the first step
+    global _scan_choice
+    _scan_choice = choice
+
+
+def _triton_scan():
+    try:
+        from pipeline.ops.selective_scan_triton import selective_scan_triton
+    except ImportError as err:
+        raise ValueError(f"scan: triton needs the triton package (pip install -e '.[kernels]'): {err}") from None
+    return selective_scan_triton
 
 
 def selective_scan(
@@ -44,12 +71,15 @@ def selective_scan(
     delta_bias: Tensor | None = None,
     delta_softplus: bool = False,
 ) -> Tensor:
-    """Selective scan, dispatched to mamba_ssm's kernel for CUDA tensors when it is installed.
+    """Selective scan; CUDA tensors go where params `scan` says (`set_scan`), CPU tensors to the PyTorch scan.
 
     u, delta: (b, d, l); A: (d, n); B, C: (b, n, l) or (b, g, n, l); D, delta_bias: (d,);
     z: (b, d, l). Returns (b, d, l) in u's dtype.
     """
-    if u.is_cuda and use_kernel(_needs_grad((u, delta, A, B, C, D, z, delta_bias))):
+    if u.is_cuda and _scan_choice == "triton":
+        _check_shapes(u, delta, A, B, C, D, z, delta_bias)
+        return _triton_scan()(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    if u.is_cuda and _scan_choice != "torch" and use_kernel(_needs_grad((u, delta, A, B, C, D, z, delta_bias))):
         return _cuda_selective_scan(u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
     return selective_scan_torch(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
 

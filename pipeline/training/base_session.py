@@ -211,7 +211,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
     checkpoint_dir: where the periodic resumable checkpoint lives (outside the atomic output, so a killed run
     resumes from it). stop_after_epoch: end early after that epoch (to test resumption); returns {} then.
     """
-    device = resolve_device(cfg.device, cfg.deterministic)
+    device = resolve_device(cfg.device, cfg.deterministic, cfg.scan)
     group = init_process_group(device)
     started = time.time()
     with ImagePack.open(pack_path) as pack:

@@ -36,7 +36,7 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
                      progress_lines: bool = True) -> dict:
     """Write the store at `out_path` (the caller makes it atomic); returns a summary."""
     started = time.time()
-    device = resolve_device(cfg.device, cfg.deterministic)
+    device = resolve_device(cfg.device, cfg.deterministic, cfg.scan)
     with ImagePack.open(pack_path) as pack:
         model, meta, ckpt_sha = load_base_model(cfg, base_dir, pack.content_hash)
         backbone = model.backbone.to(device).eval()

@@ -199,7 +199,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     """Train g_inc for one session and write out_dir/{state.safetensors, metrics.json}; returns the metrics.
     show_progress: a bar (a terminal); progress_lines: plain progress lines (logs, dvc repro)."""
     started = time.time()
-    device = resolve_device(cfg.device, cfg.deterministic)
+    device = resolve_device(cfg.device, cfg.deterministic, cfg.scan)
     base_ckpt = Path(base_dir) / MODEL_FILE
     tensors, base_meta = load_checkpoint(base_ckpt, {"kind": "base-model", "config": config_digest(cfg)})
     store = FeatureStore.open(store_path, pack_hash=base_meta["data"], checkpoint_sha256=file_digest(base_ckpt))
