@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.data.mixing import feature_mixup
+from pipeline.data.mixing import feature_mixup, mixup_draws
 from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
 from pipeline.losses.classification import cross_entropy_loss, dot_regression_loss, mixed_loss
 from pipeline.models.classifier import ETFClassifier, LinearClassifier, simplex_etf
@@ -114,12 +114,13 @@ def test_separation_loss_hand_computation_and_orthogonal_zero():
 def test_feature_mixup_fixed_ratio_and_probability():
     mu = torch.arange(12.0).view(4, 3)
     y = torch.tensor([0, 1, 2, 3])
-    mixed, ya, yb, lam = feature_mixup(mu, y, 0.5, 1.0, torch.Generator().manual_seed(0))
+    mixed, ya, yb, lam = feature_mixup(mu, y, 0.5, mixup_draws(4, 1.0, torch.Generator().manual_seed(0)))
     perm = [int((yb == v).nonzero()) for v in range(4)]
     assert torch.equal(ya, y) and torch.allclose(lam, torch.full((4,), 0.5))
     torch.testing.assert_close(mixed, 0.5 * mu + 0.5 * mu[yb])
     assert sorted(perm) == [0, 1, 2, 3]
-    same, ya, yb, lam = feature_mixup(mu, y, 0.5, 0.0, torch.Generator().manual_seed(0))
+    assert mixup_draws(4, 0.0, torch.Generator().manual_seed(0)) is None
+    same, ya, yb, lam = feature_mixup(mu, y, 0.5, None)
     assert same is mu and torch.equal(yb, y) and torch.equal(lam, torch.ones(4))
 
 

@@ -13,7 +13,7 @@ import torch
 from pipeline.config import load_config
 from pipeline.config_selection import SelectionConfig
 from pipeline.data.augment import test_transform
-from pipeline.data.mixing import lend_deviations
+from pipeline.data.mixing import deviation_draws, lend_deviations
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.errors import FSCILError
@@ -31,7 +31,8 @@ def _lend(prob: float, seed: int = 0):
     x = torch.arange(8 * 2, dtype=torch.float32).reshape(8, 2, 1, 1)
     is_base = torch.tensor([True, False, True, False, False, True, False, False])
     deviations = torch.tensor([[1000.0, 0.0], [0.0, 2000.0], [-3000.0, 3000.0]])[:, :, None, None]
-    return x, is_base, deviations, lend_deviations(x, is_base, deviations, prob, seeded_generator(seed, 5))
+    draws = deviation_draws(8, prob, len(deviations), seeded_generator(seed, 5))
+    return x, is_base, deviations, lend_deviations(x, is_base, deviations, draws)
 
 
 def test_lend_deviations_adds_one_stored_deviation_to_novel_rows_only():

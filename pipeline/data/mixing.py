@@ -76,31 +76,42 @@ def mixup_cutmix(x: torch.Tensor, y: torch.Tensor, num_classes: int, mixup_alpha
 
 
 # ---- feature-level mixup of incremental sessions (reference-facts: fixed ratio 0.5, probability per dataset) ----
-def feature_mixup(mu: torch.Tensor, target: torch.Tensor, ratio: float, prob: float,
-                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """With probability `prob`, mix every sample with a shuffled partner: ratio * mu + (1 - ratio) * mu[perm].
+def feature_mixup(mu: torch.Tensor, target: torch.Tensor, ratio: float,
+                  perm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mix every sample with its partner perm[i]: ratio * mu + (1 - ratio) * mu[perm]; perm None: no mixing.
 
     Returns (mu_mixed, target_a, target_b, lam (N,)); without mixing target_b == target_a and lam == 1.
-    The random draws come from `generator` (on CPU) so runs are reproducible.
+    Whether a batch is mixed (probability incremental.mixup_prob) and its perm are drawn ahead by `mixup_draws`.
     """
-    n = mu.shape[0]
-    lam = torch.ones(n, dtype=mu.dtype, device=mu.device)
-    if prob <= 0 or float(torch.rand((), generator=generator)) >= prob:
+    lam = torch.ones(mu.shape[0], dtype=mu.dtype, device=mu.device)
+    if perm is None:
         return mu, target, target, lam
-    perm = torch.randperm(n, generator=generator).to(mu.device)
     mixed = ratio * mu + (1.0 - ratio) * mu[perm]
     return mixed, target, target[perm], lam * ratio
 
 
+def mixup_draws(n: int, prob: float, generator: torch.Generator) -> torch.Tensor | None:
+    """One batch's feature-mixup draws from `generator` (CPU): a uniform against `prob` (none when prob <= 0),
+    then, when it mixes, the partner permutation of the n rows; None when the batch is not mixed."""
+    if prob <= 0 or float(torch.rand((), generator=generator)) >= prob:
+        return None
+    return torch.randperm(n, generator=generator)
+
+
 # ---- base deviations lent to the novel rows of an incremental batch (ours; extract.deviations, deviation_prob) ----
-def lend_deviations(x: torch.Tensor, is_base: torch.Tensor, deviations: torch.Tensor, prob: float,
-                    generator: torch.Generator) -> torch.Tensor:
+def lend_deviations(x: torch.Tensor, is_base: torch.Tensor, deviations: torch.Tensor,
+                    draws: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """Each novel row of the batch x (N, C, H, W) (is_base false) gets, with probability `prob`, one random base
     deviation (a base training map minus its class mean) added: the shot seen as another drawer's version of it.
 
-    Base rows are never changed. Draws (one uniform and one index per row) come from `generator` (CPU).
+    Base rows are never changed. draws: (chosen (N,) bool, pick (N,) index) from `deviation_draws`, on x's device.
     """
-    n = x.shape[0]
-    chosen = (torch.rand(n, generator=generator) < prob).to(x.device) & ~is_base
-    pick = torch.randint(len(deviations), (n,), generator=generator).to(deviations.device)
-    return x + chosen.to(x.dtype)[:, None, None, None] * deviations[pick]
+    chosen, pick = draws
+    return x + (chosen & ~is_base).to(x.dtype)[:, None, None, None] * deviations[pick]
+
+
+def deviation_draws(n: int, prob: float, count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch's draws for `lend_deviations` from `generator` (CPU): whether each of the n rows takes a deviation
+    (probability `prob`) and which of the `count` stored deviations."""
+    chosen = torch.rand(n, generator=generator) < prob
+    return chosen, torch.randint(count, (n,), generator=generator)

@@ -13,9 +13,7 @@ import torch.nn.functional as F
 def _group_mean_sq(x: torch.Tensor, mask: torch.Tensor, count: float | None) -> torch.Tensor:
     # x: (N, L, D) or (N, D); sum over the group of ||x_i||^2 / (N_group * L * D)
     per_sample = x.pow(2).flatten(1).mean(dim=1)  # ||x_i||^2 / (L D)
-    n = mask.sum() if count is None else count
-    if float(n) == 0:
-        return x.new_zeros(())
+    n = mask.sum().clamp_min(1) if count is None else max(count, 1)  # an empty group sums to 0: the term is 0
     return (per_sample * mask).sum() / n
 
 
@@ -44,15 +42,18 @@ def separation_loss(params: dict[str, torch.Tensor], is_base: torch.Tensor) -> t
     """eq. loss_sep: sum over P in (B, C, Delta) of |cos(P_bar_b, P_bar_n)|.
 
     params: "B", "C" (N, K, L, d_state) and "delta" (N, K, L, D'); P_bar averages over the group, K and L
-    (eq. parameter_base_novel). Zero when either group is empty or the branch generates no parameters.
+    (eq. parameter_base_novel). Zero when either group is empty or the branch generates no parameters. Group means
+    are masked sums over the batch, not boolean indexing: no shape that depends on data, no wait for the device.
     """
     keys = [k for k in ("B", "C", "delta") if k in params]
-    if not keys or is_base.all() or not is_base.any():
+    if not keys:
         return is_base.new_zeros((), dtype=torch.float32)
     total = 0.0
     for key in keys:
         p = params[key].flatten(1, 2)  # (N, K*L, D_P)
-        p_b = p[is_base].mean(dim=(0, 1))
-        p_n = p[~is_base].mean(dim=(0, 1))
-        total = total + F.cosine_similarity(p_b, p_n, dim=0).abs()
+        groups = torch.stack([is_base, ~is_base]).to(p.dtype)  # (2, N)
+        sums = torch.einsum("gn,nld->gd", groups, p)
+        means = sums / (groups.sum(1, keepdim=True) * p.shape[1]).clamp_min(1)  # an empty group's mean is 0
+        # cos with an all-zero mean is 0 (cosine_similarity's eps): an empty group adds nothing
+        total = total + F.cosine_similarity(means[0], means[1], dim=0).abs()
     return total

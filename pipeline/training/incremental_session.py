@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from pipeline.data.mixing import feature_mixup, lend_deviations
+from pipeline.data.mixing import deviation_draws, feature_mixup, lend_deviations, mixup_draws
 from pipeline.device import resolve_device
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.file_digest import file_digest
@@ -123,13 +123,14 @@ def session_training_set(store: FeatureStore, session: int, fewshot: tuple, memo
 
 
 def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is_base: torch.Tensor, num_seen: int,
-                     classifier_kind: str, inc, gen: torch.Generator,
+                     classifier_kind: str, inc, mix_perm: torch.Tensor | None,
                      frozen: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
     """The three terms of eq. optim_inc on one batch: (classification on feature-mixed mu, suppression (eq.
-    loss_supp), separation (eq. loss_sep)); a term whose weights are zero is an exact 0. frozen: the batch's
-    (mu_iden, mu_base) when p_iden and g_base are frozen (`Projector.frozen_outputs`)."""
+    loss_supp), separation (eq. loss_sep)); a term whose weights are zero is an exact 0. mix_perm: the batch's
+    feature-mixup partners (None: not mixed); frozen: the batch's (mu_iden, mu_base) when p_iden and g_base are
+    frozen (`Projector.frozen_outputs`)."""
     out = projector(x, mode="incremental", return_aux=True, frozen=frozen)
-    mu, y_a, y_b, lam = feature_mixup(out.mu, y, inc.mixup_ratio, inc.mixup_prob, gen)
+    mu, y_a, y_b, lam = feature_mixup(out.mu, y, inc.mixup_ratio, mix_perm)
     head = HEADS[classifier_kind]
     cls = mixed_loss(head.loss, classifier(mu, num_seen), y_a, y_b, lam, scale=head.loss_scale(inc.dr_scale))
     supp = sep = torch.zeros((), device=x.device)
@@ -194,6 +195,52 @@ def loss_rose(before: float, after: float, factor: float = ROSE_FACTOR) -> bool:
     return not math.isfinite(after) or after > factor * before
 
 
+class SessionDraws:
+    """Every random draw of a session's steps, made before the first step (in the order the steps would make them,
+    so a seed gives the same run) and moved to the device once: the steps then read no host data and wait for
+    nothing. Per step: the batch's rows (a fresh permutation of the training set each epoch, drop_last), the
+    feature-mixup partners or None, and the lent-deviation draws or None."""
+
+    def __init__(self, gen: torch.Generator, rows: int, steps: int, batch: int, mixup_prob: float, device,
+                 deviations: tuple[float, int, torch.Generator] | None = None):
+        per_epoch = rows // batch
+        idx, perms, self.mixed = [], [], []
+        order = torch.zeros(0, dtype=torch.long)
+        for step in range(steps):
+            if step % per_epoch == 0:
+                order = torch.randperm(rows, generator=gen)
+            idx.append(order[(step % per_epoch) * batch:(step % per_epoch + 1) * batch])
+            perm = mixup_draws(batch, mixup_prob, gen)
+            self.mixed.append(perm is not None)
+            perms.append(perm if perm is not None else torch.arange(batch))
+        stacked = (torch.stack(idx), torch.stack(perms)) if steps else (torch.zeros(0, batch, dtype=torch.long),) * 2
+        self.idx, self.perms = (t.to(device) for t in stacked)
+        self.lent = None
+        if deviations is not None and steps:
+            prob, count, dev_gen = deviations
+            chosen, pick = zip(*(deviation_draws(batch, prob, count, dev_gen) for _ in range(steps)), strict=True)
+            self.lent = (torch.stack(chosen).to(device), torch.stack(pick).to(device))
+
+    def step(self, step: int) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None]:
+        """(rows, mixup partners or None, lent-deviation draws or None) of step `step`."""
+        lent = None if self.lent is None else (self.lent[0][step], self.lent[1][step])
+        return self.idx[step], (self.perms[step] if self.mixed[step] else None), lent
+
+
+def train_step(projector, classifier, opt, trainable: list, batch: tuple, num_seen: int, classifier_kind: str, inc,
+               mix_perm: torch.Tensor | None, frozen=None) -> torch.Tensor:
+    """One SGD step of eq. optim_inc on batch (x, y, is_base); returns the detached (loss, cls, supp, sep) on the
+    device. Nothing here reads a value back to the host (tests/test_session_readback.py patches the reads)."""
+    cls, supp, sep = incremental_loss(projector, classifier, *batch, num_seen, classifier_kind, inc, mix_perm, frozen)
+    loss = cls + supp + sep  # eq. optim_inc
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if inc.grad_clip_norm is not None:
+        torch.nn.utils.clip_grad_norm_(trainable, inc.grad_clip_norm)
+    opt.step()
+    return torch.stack([loss, cls, supp, sep]).detach()
+
+
 def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir: Path | None, out_dir: Path,
                   show_progress: bool = True, progress_lines: bool = True) -> dict:
     """Train g_inc for one session and write out_dir/{state.safetensors, metrics.json}; returns the metrics.
@@ -250,16 +297,17 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
                           weight_decay=inc.weight_decay)
     steps = inc.session_value("steps", session)
     batch = min(inc.batch_size, len(y_all))
-    per_epoch = len(y_all) // batch
-    gen = seeded_generator(cfg.seed, SESSION * session)
-    deviations = None
+    deviations = lent = None
     if inc.deviation_prob > 0:
         stored = store.base_deviations()
         if stored is None:
             raise FSCILError(f"{store.path}: extracted without base deviations, which incremental.deviation_prob "
                              "needs; rerun `fscil stage extract` with extract.deviations > 0")
         deviations = torch.from_numpy(stored).to(device)
-        deviation_gen = seeded_generator(cfg.seed, DEVIATION + session)  # its own stream: the others are unchanged
+        # its own stream: the others are unchanged
+        lent = (inc.deviation_prob, len(deviations), seeded_generator(cfg.seed, DEVIATION + session))
+    draws = SessionDraws(seeded_generator(cfg.seed, SESSION * session), len(y_all), steps, batch, inc.mixup_prob,
+                         device, lent)
     projector.train()
     classifier.train()
     history = {"loss": [], "cls": [], "supp": [], "sep": []}
@@ -267,28 +315,18 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     # lent deviations, which change the maps a step sees)
     frozen = projector.frozen_outputs(x_all, inc.eval_batch_size) if deviations is None else None
     fit_before = fit_loss(projector, classifier, x_all, y_all, num_seen, cfg.model.classifier, inc, frozen)
-    order = torch.zeros(0, dtype=torch.long)
     pending: list[torch.Tensor] = []
     bar = tqdm(range(steps), desc=f"session {session}", leave=False, disable=not show_progress)
     progress = ProgressLog(f"session {session}", steps, "step", enabled=progress_lines)
     for step in bar:
-        if step % per_epoch == 0:
-            order = torch.randperm(len(y_all), generator=gen)
-        idx = order[(step % per_epoch) * batch:(step % per_epoch + 1) * batch].to(device)
+        idx, mix_perm, lent_draws = draws.step(step)
         set_lr(opt, warmup_cosine(step, steps, inc.warmup_steps, inc.warmup_ratio, inc.min_lr_ratio))
         x = x_all[idx]
         if deviations is not None:
-            x = lend_deviations(x, base_all[idx], deviations, inc.deviation_prob, deviation_gen)
-        cls, supp, sep = incremental_loss(projector, classifier, x, y_all[idx], base_all[idx], num_seen,
-                                          cfg.model.classifier, inc, gen, frozen_rows(frozen, idx))
-        loss = cls + supp + sep  # eq. optim_inc
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if inc.grad_clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_(trainable, inc.grad_clip_norm)
-        opt.step()
-        pending.append(torch.stack([loss, cls, supp, sep]).detach())  # read back every CHECK_EVERY steps only
-        if len(pending) == CHECK_EVERY or step + 1 == steps:
+            x = lend_deviations(x, base_all[idx], deviations, lent_draws)
+        pending.append(train_step(projector, classifier, opt, trainable, (x, y_all[idx], base_all[idx]), num_seen,
+                                  cfg.model.classifier, inc, mix_perm, frozen_rows(frozen, idx)))
+        if len(pending) == CHECK_EVERY or step + 1 == steps:  # the only read-back: every CHECK_EVERY steps
             read_back(pending, history, session, step + 1)
             bar.set_postfix(loss=f"{history['loss'][-1]:.4f}")
             progress.update(step + 1, loss=f"{history['loss'][-1]:.4f}")
