@@ -44,6 +44,7 @@ from pipeline.config_sections import BaseConfig, DataConfig, ExtractConfig, Incr
 from pipeline.config_selection import SelectionConfig
 from pipeline.errors import FSCILError
 from pipeline.ops import SCAN_CHOICES
+from pipeline.precision import PRECISIONS
 
 
 @dataclass
@@ -65,6 +66,8 @@ class Config:
     """CUDA only: bit-for-bit reruns in full float32 (true) or the faster kernels (false); `pipeline.device`."""
     scan: str = "auto"
     """CUDA only: which selective scan runs: auto | torch | triton | mamba (`pipeline.ops.selective_scan.set_scan`)."""
+    precision: str = "fp32"
+    """fp32, or bf16 autocast in the training steps and extraction (`pipeline.precision`; the fast profile)."""
     origins: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     """Dotted key -> the layer its value came from (module docstring)."""
 
@@ -76,7 +79,7 @@ class Config:
     def to_dict(self, for_digest: bool = False) -> dict[str, Any]:
         """Every value; for_digest: the sections as digests hash them (`SectionConfig.digest_values`)."""
         out = {"preset": self.preset, "seed": self.seed, "device": self.device, "deterministic": self.deterministic,
-               "scan": self.scan, "threads": self.threads, "variant": self.variant}
+               "scan": self.scan, "precision": self.precision, "threads": self.threads, "variant": self.variant}
         if for_digest and self.device == "cpu":
             del out["deterministic"], out["scan"]  # a CPU run reads neither (stored runs keep their keys)
         for name in SECTIONS:
@@ -91,10 +94,10 @@ class Config:
 # `device` is written resolved (auto -> cpu or cuda), so a run moved to a GPU re-runs the stages that compute.
 STAGE_KEYS = {
     "prepare": ("seed", "data", "sessions"),
-    "base": ("seed", "threads", "device", "deterministic", "scan", "data", "model", "base"),
-    "extract": ("seed", "threads", "device", "deterministic", "scan", "data", "model", "base", "extract"),
-    "incremental": ("seed", "threads", "device", "deterministic", "scan", "data", "model", "base", "extract",
-                    "incremental"),
+    "base": ("seed", "threads", "device", "deterministic", "scan", "precision", "data", "model", "base"),
+    "extract": ("seed", "threads", "device", "deterministic", "scan", "precision", "data", "model", "base", "extract"),
+    "incremental": ("seed", "threads", "device", "deterministic", "scan", "precision", "data", "model", "base",
+                    "extract", "incremental"),
     "report": ("preset", "variant", "method", "seed", "model.projector"),
 }
 
@@ -209,12 +212,15 @@ def _build(merged: dict[str, Any]) -> Config:
     check(isinstance(deterministic, bool), "", "deterministic", "must be true or false")
     scan = merged["scan"]
     check(scan in SCAN_CHOICES, "", "scan", f"must be one of {', '.join(SCAN_CHOICES)}")
+    precision = merged["precision"]
+    check(precision in PRECISIONS, "", "precision", f"must be one of {', '.join(PRECISIONS)}")
     threads = merged["threads"]
     check(isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1, "", "threads",
           "must be a positive integer")
     sections = {name: cls.from_dict(merged[name]) for name, cls in SECTION_TYPES.items()}
     return Config(preset=merged["preset"], seed=seed, device=device, threads=threads, variant=merged["variant"],
-                  sessions=check_session_map(merged["sessions"]), deterministic=deterministic, scan=scan, **sections)
+                  sessions=check_session_map(merged["sessions"]), deterministic=deterministic, scan=scan,
+                  precision=precision, **sections)
 
 
 def check_combination(cfg: Config) -> None:

@@ -23,7 +23,8 @@ SECTION_TYPES: dict[str, type[SectionConfig]] = {**RUN_SECTION_TYPES, "selection
 SECTIONS = tuple(SECTION_TYPES)
 # the top-level keys and their defaults (`variant_params` is a layer of its own, not a value)
 TOP_DEFAULTS: dict[str, Any] = {"preset": "synthetic", "variant": None, "seed": 0, "device": "auto",
-                                "deterministic": True, "scan": "auto", "threads": 2, "sessions": None}
+                                "deterministic": True, "scan": "auto", "precision": "fp32", "threads": 2,
+                                "sessions": None}
 TOP_KEYS = (*TOP_DEFAULTS, "variant_params")
 # what a variant file may hold besides params sections: the dotted keys its method needs above zero
 VARIANT_NONZERO = "nonzero"

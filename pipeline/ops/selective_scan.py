@@ -116,9 +116,10 @@ def selective_scan_torch(
     """
     _check_shapes(u, delta, A, B, C, D, z, delta_bias)
     inputs = (u, delta, A, B, C, D, z, delta_bias)
-    if _needs_grad(inputs):
-        return _SelectiveScan.apply(*inputs, delta_softplus)
-    return _scan_no_grad(*inputs, delta_softplus)
+    with torch.autocast(u.device.type, enabled=False):  # params precision bf16: the scan itself stays float32
+        if _needs_grad(inputs):
+            return _SelectiveScan.apply(*inputs, delta_softplus)
+        return _scan_no_grad(*inputs, delta_softplus)
 
 
 def _check_shapes(

@@ -29,6 +29,7 @@ from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.losses.classification import cross_entropy_loss, mixed_loss
 from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import FSCILModel, build_model
+from pipeline.precision import autocast, image_layout, memory_format
 from pipeline.seeding import BASE_EPOCH_ORDER, BASE_STEP_AUGMENT, seeded_generator
 from pipeline.training.base_model import MODEL_FILE, base_twin, config_digest, load_base_model
 from pipeline.training.checkpoint import load_checkpoint, read_metadata, save_checkpoint
@@ -226,6 +227,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
             raise FSCILError(f"params: base.batch_size {batch} exceeds the {len(train_ids)} base training images")
         local = group.local_slice(batch)
         model = build_model(cfg.model, protocol.num_classes, preset.input_size, seed=cfg.seed).to(device)
+        memory_format(model.backbone, cfg.precision)
         model.backbone.freeze_for_base_training()
         if model.projector.g_inc is not None:
             model.projector.g_inc.requires_grad_(False)  # trained from session 1 on
@@ -258,7 +260,10 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
                 idx = order[i * batch:(i + 1) * batch]
                 gen = seeded_generator(cfg.seed, BASE_STEP_AUGMENT + step, device)
                 x, y_a, y_b, lam = _base_batch(images[idx], targets[idx], num_base, preset, cfg.base, epoch, gen)
-                loss = base_loss(head, cfg.base, *net(x[local]), y_a[local], y_b[local], lam[local])
+                with autocast(device, cfg.precision):  # params precision: bf16 in the fast profile
+                    logits = net(image_layout(x[local], cfg.precision))
+                loss = base_loss(head, cfg.base, *(t.float() if t is not None else None for t in logits), y_a[local],
+                                 y_b[local], lam[local])
                 # the global-batch loss (mean of the equal slices' means): every process logs and checks the same one
                 global_loss = all_reduce_sum(loss.detach(), group) / group.world_size
                 if not torch.isfinite(global_loss):

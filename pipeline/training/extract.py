@@ -19,6 +19,7 @@ from pipeline.data.augment import test_transform, train_augment
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.device import resolve_device
+from pipeline.precision import autocast, image_layout, memory_format
 from pipeline.seeding import DEVIATION, EXTRACT_VIEW, MEMORY, seeded_generator
 from pipeline.store.feature_store import FeatureStoreWriter
 from pipeline.store.memory import memory_rows
@@ -39,7 +40,7 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
     device = resolve_device(cfg.device, cfg.deterministic, cfg.scan)
     with ImagePack.open(pack_path) as pack:
         model, meta, ckpt_sha = load_base_model(cfg, base_dir, pack.content_hash)
-        backbone = model.backbone.to(device).eval()
+        backbone = memory_format(model.backbone.to(device).eval(), cfg.precision)
         preset = get_preset(pack.preset, pack.image_size)
         protocol = pack.protocol
         num_base = len(protocol.sessions[0].classes)
@@ -71,7 +72,8 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
         def maps_of(ids: np.ndarray, gen: torch.Generator | None = None) -> np.ndarray:
             images = torch.from_numpy(pack.read_images(ids)).to(device)
             x = test_transform(images, preset) if gen is None else train_augment(images, preset, gen)
-            return backbone(x).float().cpu().numpy()
+            with autocast(device, cfg.precision):  # params precision; the store keeps float32 (or extract.dtype)
+                return backbone(image_layout(x, cfg.precision)).float().cpu().numpy()
 
         total = len(test_ids) + len(fewshot_ids) * (1 + views) + len(base_ids)
         bar = tqdm(total=total, desc="extract", unit="img", disable=not show_progress)

@@ -29,6 +29,7 @@ from pipeline.losses.classification import mixed_loss
 from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import build_head
 from pipeline.models.projector import suppression_target
+from pipeline.precision import autocast
 from pipeline.seeding import DEVIATION, MEMORY, SESSION, seeded_generator
 from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMemory
@@ -228,10 +229,13 @@ class SessionDraws:
 
 
 def train_step(projector, classifier, opt, trainable: list, batch: tuple, num_seen: int, classifier_kind: str, inc,
-               mix_perm: torch.Tensor | None, frozen=None) -> torch.Tensor:
+               mix_perm: torch.Tensor | None, frozen=None, precision: str = "fp32") -> torch.Tensor:
     """One SGD step of eq. optim_inc on batch (x, y, is_base); returns the detached (loss, cls, supp, sep) on the
-    device. Nothing here reads a value back to the host (tests/test_session_readback.py patches the reads)."""
-    cls, supp, sep = incremental_loss(projector, classifier, *batch, num_seen, classifier_kind, inc, mix_perm, frozen)
+    device, float32. Nothing here reads a value back to the host (tests/test_session_readback.py patches the reads).
+    precision bf16: the forward pass under autocast (`pipeline.precision`)."""
+    with autocast(batch[0].device, precision):
+        terms = incremental_loss(projector, classifier, *batch, num_seen, classifier_kind, inc, mix_perm, frozen)
+    cls, supp, sep = (t.float() for t in terms)
     loss = cls + supp + sep  # eq. optim_inc
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -325,7 +329,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         if deviations is not None:
             x = lend_deviations(x, base_all[idx], deviations, lent_draws)
         pending.append(train_step(projector, classifier, opt, trainable, (x, y_all[idx], base_all[idx]), num_seen,
-                                  cfg.model.classifier, inc, mix_perm, frozen_rows(frozen, idx)))
+                                  cfg.model.classifier, inc, mix_perm, frozen_rows(frozen, idx), cfg.precision))
         if len(pending) == CHECK_EVERY or step + 1 == steps:  # the only read-back: every CHECK_EVERY steps
             read_back(pending, history, session, step + 1)
             bar.set_postfix(loss=f"{history['loss'][-1]:.4f}")
