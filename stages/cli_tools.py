@@ -153,14 +153,36 @@ def model_cost(
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     scans: Annotated[str, typer.Option(help="Selective scans to time, comma separated (params `scan`; CUDA: "
                                             "torch,triton,mamba).")] = "auto",
+    profile: Annotated[str, typer.Option(help="exact (deterministic, fp32) or fast (cuDNN autotuning, TF32, bf16): "
+                                              "the settings training runs under (README \"Two profiles\").")] = "exact",
+    paper_table: Annotated[bool, typer.Option("--paper-table", help="The paper's projector profiling table instead "
+                                              "(batch 8, four feature settings; out/paper_table.csv).")] = False,
     out: Annotated[Path, typer.Option(help="Output folder: cost.csv and cost.png.")] = Path("data/cost"),
 ) -> None:
     """Cost curves of the projector: parameters, inference and training-step time against the number of sessions
-    (the expanding MLP grows, one g_inc stays flat) and against the number of tokens L."""
+    (the expanding MLP grows, one g_inc stays flat) and against the number of tokens L; or, with --paper-table, the
+    paper's projector profiling table (Dual-MLP, Mamba-FSCIL, the expanding MLP's last session)."""
     import torch
 
     from pipeline.atomic import atomic_output
-    from pipeline.models.benchmark import cost_curves, plot_cost_curves, preset_map
+    from pipeline.device import resolve_device
+    from pipeline.models.benchmark import cost_curves, paper_profile, plot_cost_curves, preset_map
+    from pipeline.precision import PROFILES
+
+    if profile not in PROFILES:
+        _fail(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}", FSCILError.exit_code)
+    deterministic, precision = PROFILES[profile]
+    if device.startswith("cuda"):
+        _run("model cost", resolve_device, device, deterministic, timed=False)
+    if paper_table:
+        table = _run("model cost", paper_profile, repeats, device, precision, tuple(scans.split(",")),
+                     log=lambda line: typer.echo(line, err=True))
+        out.mkdir(parents=True, exist_ok=True)
+        with atomic_output(out / "paper_table.csv") as tmp:
+            table.assign(device=device, profile=profile).to_csv(tmp, index=False)
+        typer.echo(table.to_markdown(index=False))
+        typer.echo(f"wrote {out / 'paper_table.csv'}")
+        return
 
     try:
         side_list = [int(v) for v in sides.split(",")]
@@ -173,10 +195,12 @@ def model_cost(
         channels, side = channels or summary[0], side or summary[1]
     threads = torch.get_num_threads()
     table = _run("model cost", cost_curves, preset, {}, projectors.split(","), channels, side, sessions, side_list,
-                 batch, repeats, device, log=lambda line: typer.echo(line, err=True), scans=tuple(scans.split(",")))
+                 batch, repeats, device, log=lambda line: typer.echo(line, err=True), scans=tuple(scans.split(",")),
+                 precision=precision)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_output(out / "cost.csv") as tmp:
-        table.assign(device=device, threads=threads, batch=batch, channels=channels).to_csv(tmp, index=False)
+        table.assign(device=device, threads=threads, batch=batch, channels=channels, profile=profile).to_csv(
+            tmp, index=False)
     plot_cost_curves(table, out / "cost.png", f"projector cost, {preset} widths, {channels} channels, batch {batch}, "
                      f"{device} ({threads} threads)")
     typer.echo(f"wrote {out / 'cost.csv'} and {out / 'cost.png'}")

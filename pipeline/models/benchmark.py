@@ -59,15 +59,17 @@ def benchmark_branch(preset: str, overrides: dict, batch: int, channels: int, hw
 
 # ---- cost curves (paper Fig. 1 and its cost comparison): the projector against sessions and against tokens L ------
 COST_COLUMNS = ("projector", "scan", "curve", "sessions", "side", "tokens", "parameters", "inference_ms",
-                "train_step_ms")
+                "train_step_ms", "peak_train_mb")
 
 
 def _projector_costs(kind: str, cfg, channels: int, side: int, sessions: int, batch: int, repeats: int,
-                     device: str) -> dict:
+                     device: str, precision: str = "fp32") -> dict:
     """Parameters of the whole projector (every g_inc branch) as it is in session `sessions`, median inference
     time (mode incremental, no grad) and median training-step time (forward, backward, SGD step of what trains in
-    an incremental session) on a random (batch, channels, side, side) map."""
+    an incremental session) on a random (batch, channels, side, side) map, with the forward passes under params
+    `precision` as training runs them; on CUDA also the peak memory of the training steps (MB)."""
     from pipeline.models.projector import Projector
+    from pipeline.precision import autocast
 
     torch.manual_seed(0)
     proj = Projector.from_config(dataclasses.replace(cfg, projector=kind), channels, (side, side))
@@ -77,22 +79,31 @@ def _projector_costs(kind: str, cfg, channels: int, side: int, sessions: int, ba
     f = torch.randn(batch, channels, side, side, device=device)
     trainable = [p for p in proj.parameters() if p.requires_grad]
     opt = torch.optim.SGD(trainable, lr=1e-3)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    on = torch.device(device)
 
     def infer():
-        with torch.no_grad():
+        with torch.no_grad(), autocast(on, precision):
             proj(f, mode="incremental")
         sync()
 
     def step():
         opt.zero_grad(set_to_none=True)
-        proj(f, mode="incremental").mu.square().mean().backward()
+        with autocast(on, precision):
+            mu = proj(f, mode="incremental").mu
+        mu.float().square().mean().backward()
         opt.step()
         sync()
 
+    inference_ms = round(_median_ms(infer, repeats), 3)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(on)
+    train_step_ms = round(_median_ms(step, repeats), 3)
+    peak = round(torch.cuda.max_memory_allocated(on) / 2**20, 2) if cuda else None
     return {"projector": kind, "sessions": sessions, "side": side, "tokens": side * side,
             "parameters": sum(p.numel() for p in proj.parameters()),
-            "inference_ms": round(_median_ms(infer, repeats), 3), "train_step_ms": round(_median_ms(step, repeats), 3)}
+            "inference_ms": inference_ms, "train_step_ms": train_step_ms, "peak_train_mb": peak}
 
 
 def preset_map(preset: str) -> tuple[int, int]:
@@ -108,33 +119,81 @@ def preset_map(preset: str) -> tuple[int, int]:
 
 def cost_curves(preset: str, overrides: dict, kinds: list[str], channels: int, side: int, max_sessions: int,
                 sides: list[int], batch: int, repeats: int, device: str = "cpu",
-                log: Callable[[str], None] | None = None, scans: tuple[str, ...] = ("auto",)) -> pd.DataFrame:
+                log: Callable[[str], None] | None = None, scans: tuple[str, ...] = ("auto",),
+                precision: str = "fp32") -> pd.DataFrame:
     """Rows of COST_COLUMNS: curve "sessions" (1..max_sessions at side x side) and curve "tokens" (each side in
     `sides`, session 1), for every projector kind and every selective scan in `scans` (params `scan`; CUDA only
     beyond auto and torch: CPU tensors always take the PyTorch scan)."""
+
+    cfg, _ = preset_model_config(preset, overrides)
+    say = log or (lambda line: None)
+    points = [("sessions", s, side) for s in range(1, max_sessions + 1)] + [("tokens", 1, h) for h in sides]
+    rows = []
+    for scan in each_scan(scans, device):
+        for kind in kinds:
+            for curve, sessions, h in points:
+                rows.append({"curve": curve, "scan": scan, **_projector_costs(kind, cfg, channels, h, sessions,
+                                                                              batch, repeats, device, precision)})
+                r = rows[-1]
+                say(f"{kind} ({scan} scan) {curve}: session {sessions}, L {h}x{h}: {r['parameters']:,} "
+                    f"parameters, inference {r['inference_ms']:.2f} ms, train step {r['train_step_ms']:.2f} ms")
+    return pd.DataFrame(rows, columns=list(COST_COLUMNS))
+
+
+def each_scan(scans: tuple[str, ...], device: str):
+    """Yields each of `scans` with the selective scan set to it (params `scan`), then restores the previous one."""
     from pipeline.ops import selective_scan as scan_module
 
     if not device.startswith("cuda") and set(scans) - {"auto", "torch"}:
         raise FSCILError(f"model cost: scans {', '.join(scans)} need --device cuda (the CPU runs the PyTorch scan)")
-    cfg, _ = preset_model_config(preset, overrides)
-    say = log or (lambda line: None)
-    points = [("sessions", s, side) for s in range(1, max_sessions + 1)] + [("tokens", 1, h) for h in sides]
-    rows, before = [], scan_module._scan_choice
+    before = scan_module._scan_choice
     try:
         for scan in scans:
-            scan_module.set_scan(scan)
-            for kind in kinds:
-                for curve, sessions, h in points:
-                    rows.append({"curve": curve, "scan": scan,
-                                 **_projector_costs(kind, cfg, channels, h, sessions, batch, repeats, device)})
-                    r = rows[-1]
-                    say(f"{kind} ({scan} scan) {curve}: session {sessions}, L {h}x{h}: {r['parameters']:,} "
-                        f"parameters, inference {r['inference_ms']:.2f} ms, train step {r['train_step_ms']:.2f} ms")
-    except ValueError as err:
-        raise FSCILError(f"model cost: {err}") from None
+            try:
+                scan_module.set_scan(scan)
+            except ValueError as err:
+                raise FSCILError(f"model cost: {err}") from None
+            yield scan
     finally:
         scan_module.set_scan(before)
-    return pd.DataFrame(rows, columns=list(COST_COLUMNS))
+
+
+# the paper's projector-level profiling (appendix table "Projector-level efficiency"): setting, the preset whose
+# model section gives the projector's widths, map channels, side, sessions of its protocol
+PAPER_SETTINGS = (
+    ("CIFAR, ResNet-12, 640x2x2", "cifar100", 640, 2, 8),
+    ("miniImageNet, ResNet-12, 640x5x5", "mini_imagenet", 640, 5, 8),
+    ("CUB, ResNet-18, 512x7x7", "cub200", 512, 7, 10),
+    ("CUB, ViT/Swin, 768x14x14", "cub200", 768, 14, 10),
+)
+PAPER_METHODS = (("Dual-MLP", "mlp", False), ("Mamba-FSCIL", "dual_ssm", False),
+                 ("Expanding-MLP-S", "expanding_mlp", True))
+
+
+def paper_profile(repeats: int, device: str, precision: str = "fp32", scans: tuple[str, ...] = ("auto",),
+                  batch: int = 8, settings=None, log: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """The paper's projector profiling table at batch 8: per setting Dual-MLP, Mamba-FSCIL (dual selective SSM) and
+    the expanding MLP in its protocol's last session; inference and training-step ms, peak training memory (CUDA),
+    and each row's times over Dual-MLP's."""
+    say = log or (lambda line: None)
+    rows = []
+    for scan in each_scan(scans, device):
+        for setting, preset, channels, side, last in settings or PAPER_SETTINGS:
+            cfg, _ = preset_model_config(preset, {})
+            for name, kind, grows in PAPER_METHODS:
+                sessions = last if grows else 1
+                r = _projector_costs(kind, cfg, channels, side, sessions, batch, repeats, device, precision)
+                rows.append({"setting": setting, "method": f"{name}{last}" if grows else name, "scan": scan,
+                             **{k: r[k] for k in ("parameters", "inference_ms", "train_step_ms", "peak_train_mb")}})
+                say(f"{setting}, {rows[-1]['method']} ({scan} scan): inference {r['inference_ms']:.2f} ms, "
+                    f"train step {r['train_step_ms']:.2f} ms")
+    table = pd.DataFrame(rows)
+    dual = table[table["method"] == "Dual-MLP"].set_index(["setting", "scan"])
+    key = list(zip(table["setting"], table["scan"], strict=True))
+    for col in ("inference_ms", "train_step_ms"):
+        ratio = table[col].to_numpy() / dual.loc[key, col].to_numpy()
+        table[f"{col.removesuffix('_ms')}_vs_dual_mlp"] = ratio.round(2)
+    return table
 
 
 def plot_cost_curves(table: pd.DataFrame, path: Path, title: str) -> None:
