@@ -68,6 +68,8 @@ class Config:
     """CUDA only: which selective scan runs: auto | torch | triton | mamba (`pipeline.ops.selective_scan.set_scan`)."""
     precision: str = "fp32"
     """fp32, or bf16 autocast in the training steps and extraction (`pipeline.precision`; the fast profile)."""
+    nproc_per_node: int = 1
+    """Processes of base training (torchrun, one GPU each); results depend on base.batch_size, not on this."""
     origins: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     """Dotted key -> the layer its value came from (module docstring)."""
 
@@ -79,7 +81,10 @@ class Config:
     def to_dict(self, for_digest: bool = False) -> dict[str, Any]:
         """Every value; for_digest: the sections as digests hash them (`SectionConfig.digest_values`)."""
         out = {"preset": self.preset, "seed": self.seed, "device": self.device, "deterministic": self.deterministic,
-               "scan": self.scan, "precision": self.precision, "threads": self.threads, "variant": self.variant}
+               "scan": self.scan, "precision": self.precision, "threads": self.threads,
+               "nproc_per_node": self.nproc_per_node, "variant": self.variant}
+        if for_digest:
+            del out["nproc_per_node"]  # results do not depend on it (tests/test_distributed.py)
         if for_digest and self.device == "cpu":
             del out["deterministic"], out["scan"]  # a CPU run reads neither (stored runs keep their keys)
         for name in SECTIONS:
@@ -214,13 +219,16 @@ def _build(merged: dict[str, Any]) -> Config:
     check(scan in SCAN_CHOICES, "", "scan", f"must be one of {', '.join(SCAN_CHOICES)}")
     precision = merged["precision"]
     check(precision in PRECISIONS, "", "precision", f"must be one of {', '.join(PRECISIONS)}")
+    nproc = merged["nproc_per_node"]
+    check(isinstance(nproc, int) and not isinstance(nproc, bool) and nproc >= 1, "", "nproc_per_node",
+          "must be a positive integer")
     threads = merged["threads"]
     check(isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1, "", "threads",
           "must be a positive integer")
     sections = {name: cls.from_dict(merged[name]) for name, cls in SECTION_TYPES.items()}
     return Config(preset=merged["preset"], seed=seed, device=device, threads=threads, variant=merged["variant"],
                   sessions=check_session_map(merged["sessions"]), deterministic=deterministic, scan=scan,
-                  precision=precision, **sections)
+                  precision=precision, nproc_per_node=nproc, **sections)
 
 
 def check_combination(cfg: Config) -> None:

@@ -24,7 +24,7 @@ SECTIONS = tuple(SECTION_TYPES)
 # the top-level keys and their defaults (`variant_params` is a layer of its own, not a value)
 TOP_DEFAULTS: dict[str, Any] = {"preset": "synthetic", "variant": None, "seed": 0, "device": "auto",
                                 "deterministic": True, "scan": "auto", "precision": "fp32", "threads": 2,
-                                "sessions": None}
+                                "nproc_per_node": 1, "sessions": None}
 TOP_KEYS = (*TOP_DEFAULTS, "variant_params")
 # what a variant file may hold besides params sections: the dotted keys its method needs above zero
 VARIANT_NONZERO = "nonzero"

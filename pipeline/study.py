@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -109,6 +110,23 @@ def _run_group(items: list[tuple[str, str, int, Config]], work: Path, index: int
     return records
 
 
+def visible_gpus() -> list[str]:
+    """The CUDA devices this process may use, as CUDA_VISIBLE_DEVICES names them."""
+    import torch
+
+    count = torch.cuda.device_count()
+    named = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return named[:count] if named else [str(i) for i in range(count)]
+
+
+def pin_gpu(counter, gpus: list[str]) -> None:
+    """A study worker's start: the next of `gpus` (round robin) is the only GPU it sees (cuda:0 to it)."""
+    with counter.get_lock():
+        index = counter.value
+        counter.value += 1
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
+
+
 def _run_parallel(plan: list, keys: list[str], runs: dict, runs_path: Path, work: Path, jobs: int,
                   reuse_stale: bool, say: Callable[[str], None]) -> None:
     """The runs not stored yet, in `jobs` processes: the image packs first (shared), then one group of runs per base
@@ -131,7 +149,10 @@ def _run_parallel(plan: list, keys: list[str], runs: dict, runs_path: Path, work
         "processes")
     context = multiprocessing.get_context("spawn")
     started, runs_done = time.time(), 0
-    with ProcessPoolExecutor(max_workers=min(jobs, len(groups)), mp_context=context) as pool:
+    workers = min(jobs, len(groups))
+    gpus = visible_gpus()  # several: each process its own (round robin), before it touches CUDA
+    pin = dict(initializer=pin_gpu, initargs=(context.Value("i", 0), gpus)) if len(gpus) > 1 else {}
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, **pin) as pool:
         futures = {pool.submit(_run_group, items, work, i, reuse_stale): len(items)
                    for i, items in enumerate(groups.values())}
         for done, future in enumerate(as_completed(futures), 1):

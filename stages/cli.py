@@ -8,6 +8,7 @@ Every command exits 0 on success, 2 on bad input (a one-line message on stderr) 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -28,6 +29,7 @@ from stages.cli_common import (
     _run,
     _show,
     echo_line,
+    launch_torchrun,
 )
 from stages.cli_tools import export, model_app, predict_images
 
@@ -78,6 +80,10 @@ def base(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("d
     from stages import base as stage
 
     cfg = _config(params, overrides)
+    if cfg.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:  # params nproc_per_node: this stage under torchrun
+        args = ["stage", "base", "--params", str(params), "--data-dir", str(data_dir), *(["--quiet"] if quiet else []),
+                *[a for o in overrides or () for a in ("-S", o)]]
+        raise typer.Exit(launch_torchrun(cfg.nproc_per_node, args))
     summary = _run("base", stage.run, cfg, _paths(data_dir), show_progress=not quiet)
     if summary:
         typer.echo(f"base: accuracy {summary['acc']:.2f} on the base classes ({summary['epochs']} epochs)", err=True)

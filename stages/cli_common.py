@@ -75,3 +75,15 @@ def _show(summary: dict, keys: tuple[str, ...]) -> None:
 def echo_line(line: str) -> None:
     """A progress line on stderr (shown under --quiet too, which turns off bars only)."""
     typer.echo(line, err=True)
+
+
+def launch_torchrun(nproc: int, args: list[str]) -> int:
+    """`fscil <args>` in `nproc` processes under torchrun on this machine (params nproc_per_node: one GPU each, or
+    gloo processes on the CPU); returns its exit code. The processes read the same params and overrides."""
+    import subprocess
+    import sys
+
+    echo_line(f"{' '.join(args[:2])}: {nproc} processes under torchrun")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               "-m", "stages.cli", *args]
+    return subprocess.run(command).returncode

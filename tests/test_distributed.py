@@ -1,7 +1,8 @@
 """Process-count invariance (pipeline/training/distributed.py).
 
 GlobalBatchNorm2d on 2 gloo processes against nn.BatchNorm2d on the concatenated batch (outputs, every gradient,
-running statistics), the BatchNorm conversion, and the base stage run by 1 process and by 2 under torchrun.
+running statistics), the BatchNorm conversion, and the base stage run by 1 process and by 2 under torchrun (params
+nproc_per_node 2).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from pipeline.config import load_config
+from pipeline.config import build_config, load_config
 from pipeline.errors import FSCILError
 from pipeline.models.backbones.resnet18 import ResNet18
 from pipeline.models.fscil import build_model
@@ -180,11 +181,12 @@ def test_base_stage_depends_on_the_global_batch_not_the_process_count(tmp_path, 
     run_stage("base", params, one)
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
     env["OMP_NUM_THREADS"] = "1"
+    # params nproc_per_node: the stage relaunches itself under torchrun (what `dvc repro` runs)
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "stages.cli", "stage", "base", "--params", str(params), "--data-dir", str(two), "--quiet"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        [sys.executable, "-m", "stages.cli", "stage", "base", "--params", str(params), "--data-dir", str(two),
+         "--quiet", "-S", "nproc_per_node=2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "stage base: 2 processes under torchrun" in proc.stderr
 
     single, single_meta = load_checkpoint(StagePaths(one).base / MODEL_FILE)
     double, double_meta = load_checkpoint(StagePaths(two).base / MODEL_FILE)
@@ -207,3 +209,12 @@ def test_base_stage_depends_on_the_global_batch_not_the_process_count(tmp_path, 
     assert m1["acc"] == m2["acc"] and m1["per_class_acc"] == m2["per_class_acc"] and m1["steps"] == m2["steps"] == 9
     assert m2["train_loss"] == pytest.approx(m1["train_loss"], abs=E2E_TOL, rel=0)
     assert not (StagePaths(two).base_checkpoints).exists()  # rank 0 cleaned up; rank 1 wrote nothing
+
+
+def test_nproc_per_node_is_validated_and_left_out_of_digests():
+    assert build_config({"nproc_per_node": 2}).nproc_per_node == 2
+    for bad in (0, "2", True):
+        with pytest.raises(FSCILError, match="nproc_per_node must be a positive integer"):
+            build_config({"nproc_per_node": bad})
+    # a base model trained by 1 or by 4 processes is the same model: stored runs and caches do not key on it
+    assert build_config({"nproc_per_node": 4}).to_dict(for_digest=True) == build_config({}).to_dict(for_digest=True)

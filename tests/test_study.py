@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -336,3 +337,21 @@ def test_jobs_2_gives_the_table_of_jobs_1(tmp_path):
     pd.testing.assert_frame_equal(one, two)
     assert (tmp_path / "one" / "table.md").read_text() == (tmp_path / "two" / "table.md").read_text()
     assert not list((tmp_path / "two.work").glob("runs.part*.json"))
+
+
+def test_study_workers_take_the_visible_gpus_round_robin(monkeypatch):
+    """--jobs N on a machine with several GPUs: worker i sees only GPU i mod count (as the parent names them)."""
+    import multiprocessing
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,9")
+    assert study.visible_gpus() == ["5", "7"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert study.visible_gpus() == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # restored after the test: pin_gpu sets it
+    counter = multiprocessing.get_context("spawn").Value("i", 0)
+    seen = []
+    for _ in range(3):
+        study.pin_gpu(counter, ["5", "7"])
+        seen.append(os.environ["CUDA_VISIBLE_DEVICES"])
+    assert seen == ["5", "7", "5"]
