@@ -43,7 +43,7 @@ from pipeline.config_layers import (  # noqa: F401 - re-exported: the config API
 from pipeline.config_sections import BaseConfig, DataConfig, ExtractConfig, IncrementalConfig, ModelConfig
 from pipeline.config_selection import SelectionConfig
 from pipeline.errors import FSCILError
-from pipeline.ops import SCAN_CHOICES
+from pipeline.names import SCAN_CHOICES
 from pipeline.precision import PRECISIONS
 
 

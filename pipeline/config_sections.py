@@ -8,6 +8,7 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass, field
 
+from pipeline import names
 from pipeline.config_fields import SectionConfig, added_field, check, fail
 from pipeline.data.cec_splits import BENCHMARKS
 from pipeline.data.checksums import digest_algorithm
@@ -165,22 +166,16 @@ class ModelConfig(SectionConfig):
 
     def __post_init__(self):
         self.check_types()
-        from pipeline.models.backbones import BACKBONES
-        from pipeline.models.classifier import HEADS
-        from pipeline.models.projector import PROJECTOR_KINDS
-
-        check(self.backbone in BACKBONES, "model", "backbone", f"must be one of {sorted(BACKBONES)}")
-        check(self.projector in PROJECTOR_KINDS, "model", "projector", f"must be one of {sorted(PROJECTOR_KINDS)}")
-        check(self.classifier in HEADS, "model", "classifier", f"must be one of {sorted(HEADS)}")
+        check(self.backbone in names.BACKBONES, "model", "backbone", f"must be one of {sorted(names.BACKBONES)}")
+        check(self.projector in names.PROJECTORS, "model", "projector", f"must be one of {sorted(names.PROJECTORS)}")
+        check(self.classifier in names.HEADS, "model", "classifier", f"must be one of {sorted(names.HEADS)}")
         check(self.resnet18_stem in ("cifar", "imagenet"), "model", "resnet18_stem", "must be cifar or imagenet")
         for key in ("dim", "d_state", "dt_rank", "expand", "d_conv"):
             check(getattr(self, key) >= 1, "model", key, "must be >= 1")
         check(self.k_paths in (1, 2, 4), "model", "k_paths", "must be 1, 2 or 4")
         check(self.mlp_layers in (2, 3), "model", "mlp_layers", "must be 2 or 3")
-        from pipeline.models.mixers import ATTENTION_HEADS
-
-        check(self.projector != "transformer" or (self.expand * self.dim) % ATTENTION_HEADS == 0, "model", "dim",
-              f"times model.expand must be divisible by the transformer's {ATTENTION_HEADS} heads")
+        check(self.projector != "transformer" or (self.expand * self.dim) % names.ATTENTION_HEADS == 0, "model",
+              "dim", f"times model.expand must be divisible by the transformer's {names.ATTENTION_HEADS} heads")
 
 
 # base.<key>s that count the last epochs of the training (each at most base.epochs)
@@ -275,9 +270,8 @@ class ExtractConfig(SectionConfig):
 
     def __post_init__(self):
         self.check_types()
-        from pipeline.store.memory import MEMORY_KINDS
-
-        check(self.memory in MEMORY_KINDS, "extract", "memory", f"must be one of {', '.join(MEMORY_KINDS)}")
+        check(self.memory in names.MEMORY_KINDS, "extract", "memory",
+              f"must be one of {', '.join(names.MEMORY_KINDS)}")
         check(self.memory_k >= 1, "extract", "memory_k", "must be >= 1")
         check(self.deviations >= 0, "extract", "deviations", "must be >= 0")
         check(self.batch_size >= 1, "extract", "batch_size", "must be >= 1")
@@ -345,8 +339,6 @@ class IncrementalConfig(SectionConfig):
 
     def __post_init__(self):
         self.check_types()
-        from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS
-
         check(len(self.steps) >= 1 and min(self.steps) >= 1, "incremental", "steps", "must be >= 1")
         check(len(self.base_copy) >= 1 and min(self.base_copy) >= 0, "incremental", "base_copy", "must be >= 0")
         check(self.batch_size >= 1, "incremental", "batch_size", "must be >= 1")
@@ -354,8 +346,8 @@ class IncrementalConfig(SectionConfig):
         check(self.replay in ("mean", "shots"), "incremental", "replay", "must be mean or shots")
         check(self.lr > 0, "incremental", "lr", "must be > 0")
         check(self.base_lr_scale > 0, "incremental", "base_lr_scale", "must be > 0 (freeze_base true freezes them)")
-        check(self.suppression in SUPPRESSION_TARGETS, "incremental", "suppression",
-               f"must be one of {sorted(SUPPRESSION_TARGETS)}")
+        check(self.suppression in names.SUPPRESSION_TARGETS, "incremental", "suppression",
+               f"must be one of {sorted(names.SUPPRESSION_TARGETS)}")
         check(0 <= self.mixup_prob <= 1, "incremental", "mixup_prob", "must be in [0, 1]")
         check(0 <= self.deviation_prob <= 1, "incremental", "deviation_prob", "must be in [0, 1]")
         for key in ("weight_decay", "lambda1", "lambda2", "lambda3"):

@@ -1,5 +1,5 @@
 """The `selection` section of params.yaml: the pseudo-incremental protocol of `fscil select` and the candidate sets it
-compares (pipeline/selection.py runs them), each candidate checked by the rules of the section it sets.
+compares (pipeline/research/selection.py runs them), each candidate checked by the rules of the section it sets.
 """
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass, field
 
+from pipeline import names
 from pipeline.config_fields import SectionConfig, check, fail
 from pipeline.config_sections import LAST_EPOCHS_KEYS, RUN_SECTION_TYPES
 from pipeline.errors import FSCILError
@@ -133,7 +134,6 @@ class SelectionConfig(SectionConfig):
 
     def __post_init__(self):
         self.check_types()
-        from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS
 
         check(0 < self.val_fraction < 1, "selection", "val_fraction", "must be in (0, 1)")
         check(self.base_fraction is None or 0 < self.base_fraction < 1, "selection", "base_fraction",
@@ -158,8 +158,8 @@ class SelectionConfig(SectionConfig):
             values = getattr(self, key)
             check(len(values) >= 1, "selection", key, "must list at least one candidate")
             check(len(set(values)) == len(values), "selection", key, "lists a candidate twice")
-        check(set(self.suppression) <= set(SUPPRESSION_TARGETS), "selection", "suppression",
-              f"must be a list of {sorted(SUPPRESSION_TARGETS)}")
+        check(set(self.suppression) <= set(names.SUPPRESSION_TARGETS), "selection", "suppression",
+              f"must be a list of {sorted(names.SUPPRESSION_TARGETS)}")
         check(set(self.k_paths) <= {1, 2, 4}, "selection", "k_paths", "must be a list of 1, 2 or 4")
         check(set(self.inc_init) <= {"random", "base"}, "selection", "inc_init", "must be a list of random or base")
         for key in ("lambda1", "lambda2", "lambda3"):

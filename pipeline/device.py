@@ -1,4 +1,5 @@
-"""Which torch device a run uses (params `device`), and how CUDA computes on it (params `deterministic`, `scan`)."""
+"""Which torch device a run uses (params `device`), and how CUDA computes on it (params `deterministic`; the scan,
+params `scan`, is set by `pipeline.training.runtime.run_device`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import os
 import torch
 
 from pipeline.errors import FSCILError
-from pipeline.ops.selective_scan import set_scan
 
 
 def resolved_device_name(name: str) -> str:
@@ -18,11 +18,10 @@ def resolved_device_name(name: str) -> str:
     return name
 
 
-def resolve_device(name: str, deterministic: bool = True, scan: str = "auto") -> torch.device:
+def resolve_device(name: str, deterministic: bool = True) -> torch.device:
     """"auto" picks CUDA when there is one (this process's local rank under torchrun), else the CPU. A CUDA device
-    is also set up for `deterministic` (`configure_cuda`) and takes the selective scan `scan` names
-    (`pipeline.ops.selective_scan.set_scan`); the CPU needs nothing (its results depend on the thread count alone,
-    params `threads`, and its scan is always the PyTorch one)."""
+    is also set up for `deterministic` (`configure_cuda`); the CPU needs nothing (its results depend on the thread
+    count alone, params `threads`)."""
     name = resolved_device_name(name)
     if name == "cuda":
         name = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
@@ -34,10 +33,6 @@ def resolve_device(name: str, deterministic: bool = True, scan: str = "auto") ->
             raise FSCILError(f"params: device {name} asked for but this machine has {count} CUDA device(s) "
                              f"(under torchrun: --nproc-per-node {count} at most)")
         configure_cuda(deterministic)
-        try:
-            set_scan(scan)
-        except ValueError as err:
-            raise FSCILError(f"params: {err}") from None
     return torch.device(name)
 
 

@@ -170,7 +170,7 @@ def study(variants: Annotated[str, typer.Option(help="Comma-separated variants (
     """Run named variants x seeds through the pipeline's training code and write mean +- std tables and a plot
     (out/table.md, table.csv, runs.csv, sessions.csv, accuracy.png); slow, not part of `dvc repro`."""
     from pipeline.config import read_yaml
-    from pipeline.study import run_study, study_table, table_markdown
+    from pipeline.research.study import run_study, study_table, table_markdown
 
     _config(params, overrides)  # validates params.yaml and pins the thread count
     names = [v.strip() for v in variants.split(",") if v.strip()]

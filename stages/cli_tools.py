@@ -93,7 +93,7 @@ def model_summary(
 ) -> None:
     """Parameter count of each component (backbone, p_iden, g_base, g_inc, classifier) for the given dims."""
     from pipeline.models.projector import PROJECTOR_KINDS
-    from pipeline.models.summary import summarise_model
+    from pipeline.research.summary import summarise_model
 
     kinds = list(PROJECTOR_KINDS) if projector == "all" else (projector.split(",") if projector else [None])
     overrides = {"backbone": backbone, "dim": dim, "d_state": d_state, "dt_rank": dt_rank,
@@ -132,7 +132,7 @@ def model_benchmark(
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
 ) -> None:
     """Median forward and forward+backward time of one projector branch (g_base / g_inc) on random maps."""
-    from pipeline.models.benchmark import benchmark_branch
+    from pipeline.research.benchmark import benchmark_branch
 
     overrides = {"dim": dim, "d_state": d_state, "dt_rank": dt_rank, "projector": projector}
     typer.echo(json.dumps(_run("model benchmark", benchmark_branch, preset, overrides, batch, channels, hw,
@@ -166,8 +166,8 @@ def model_cost(
 
     from pipeline.atomic import atomic_output
     from pipeline.device import resolve_device
-    from pipeline.models.benchmark import cost_curves, paper_profile, plot_cost_curves, preset_map
     from pipeline.precision import PROFILES
+    from pipeline.research.benchmark import cost_curves, paper_profile, plot_cost_curves, preset_map
 
     if profile not in PROFILES:
         _fail(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}", FSCILError.exit_code)

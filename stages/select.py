@@ -13,7 +13,7 @@ from pathlib import Path
 from pipeline.atomic import atomic_output
 from pipeline.config import Config
 from pipeline.errors import FSCILError
-from pipeline.selection import select
+from pipeline.research.selection import select
 from stages.paths import StagePaths
 
 

@@ -12,7 +12,7 @@ from pipeline.config import load_config
 from pipeline.config_sections import BaseConfig
 from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import build_model
-from pipeline.selection import with_values
+from pipeline.research.selection import with_values
 from pipeline.training.base_model import config_digest
 from pipeline.training.base_session import AUX_PREFIX, RESUME_FILE, _BaseNet, backbone_ce_head, base_loss, train_base
 from pipeline.training.checkpoint import load_checkpoint

@@ -14,7 +14,7 @@ from pipeline.config import build_config
 from pipeline.errors import FSCILError
 from pipeline.models.fscil import build_head
 from pipeline.models.projector import Projector
-from pipeline.selection import with_values
+from pipeline.research.selection import with_values
 from pipeline.training import incremental_session
 from pipeline.training.base_session import not_learning
 from pipeline.training.incremental_session import loss_rose

@@ -8,9 +8,9 @@ import re
 import pandas as pd
 
 from pipeline.config import preset_model_config
-from pipeline.models.benchmark import paper_profile, preset_map
 from pipeline.models.projector import Projector
 from pipeline.models.ss2d import BranchDims
+from pipeline.research.benchmark import paper_profile, preset_map
 from tests.pipeline_fixtures import cli
 
 

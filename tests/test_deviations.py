@@ -17,8 +17,8 @@ from pipeline.data.mixing import deviation_draws, lend_deviations
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.errors import FSCILError
+from pipeline.research.selection import select, selection_order
 from pipeline.seeding import seeded_generator
-from pipeline.selection import select, selection_order
 from pipeline.store.feature_store import FeatureStore
 from pipeline.training.base_model import load_base_model
 from pipeline.training.checkpoint import load_checkpoint

@@ -13,6 +13,7 @@ from pipeline.config import build_config
 from pipeline.device import configure_cuda, resolve_device
 from pipeline.errors import FSCILError
 from pipeline.ops import selective_scan as scan_module
+from pipeline.training.runtime import run_device
 
 
 @pytest.fixture
@@ -94,11 +95,11 @@ def test_scan_param_is_validated_keys_only_gpu_runs_and_reaches_the_scan(one_fak
     assert "scan" not in build_config({"device": "cpu"}).to_dict(for_digest=True)
     assert build_config({"device": "cuda", "scan": "torch"}).to_dict(for_digest=True)["scan"] == "torch"
     monkeypatch.setattr(scan_module, "_scan_choice", "auto")
-    resolve_device("cpu", scan="torch")
+    run_device(build_config({"device": "cpu", "scan": "torch"}))
     assert scan_module._scan_choice == "auto"  # the CPU always takes the PyTorch scan: nothing is set
-    resolve_device("cuda", scan="torch")
+    run_device(build_config({"device": "cuda", "scan": "torch"}))
     assert scan_module._scan_choice == "torch"
     monkeypatch.setattr(scan_module, "_cuda_selective_scan", None)
     with pytest.raises(FSCILError, match="scan: mamba needs mamba_ssm"):
-        resolve_device("cuda", scan="mamba")
+        run_device(build_config({"device": "cuda", "scan": "mamba"}))
     assert scan_module._scan_choice == "torch"

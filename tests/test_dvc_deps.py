@@ -131,3 +131,18 @@ def test_closure_sees_lazy_imports():
     assert REPO / "pipeline" / "training" / "base_session.py" not in files
     assert not covered(REPO / "pipeline" / "training" / "prototype.py", ["pipeline/training/evaluate.py"])
     assert covered(REPO / "pipeline" / "models" / "ss2d.py", ["pipeline/models"])
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_stage_code_deps_are_exactly_its_import_closure(name):
+    """No stale code dependency: a code file a stage does not import is not in its deps (a change to a model file
+    does not re-run `config`, `prepare` or `report`)."""
+    closure = {str(f.relative_to(REPO)) for f in command_files(STAGES[name]["cmd"]) if f.stat().st_size}
+    code = {d for d in STAGES[name]["deps"] if d.endswith(".py") or d == "stages/fscil"}
+    assert code == closure, f"extra: {sorted(code - closure)}, missing: {sorted(closure - code)}"
+
+
+def test_the_config_stage_depends_on_config_code_only():
+    deps = STAGES["config"]["deps"]
+    assert not [d for d in deps if d.startswith(("pipeline/models", "pipeline/losses", "pipeline/store",
+                                                 "pipeline/training", "pipeline/ops", "pipeline/research"))]

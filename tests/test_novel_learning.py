@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.config import build_config
 from pipeline.data.prepare import build_pack
-from pipeline.selection import run_candidate
+from pipeline.research.selection import run_candidate
 from tests.data_fixtures import OMNIGLOT_SMALL1, omniglot_small1
 from tests.pipeline_fixtures import TEST_DEVICE
 

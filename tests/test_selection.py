@@ -12,8 +12,8 @@ import pytest
 import torch
 import yaml
 
-import pipeline.pseudo_pack as pseudo_pack
-import pipeline.selection as selection
+import pipeline.research.pseudo_pack as pseudo_pack
+import pipeline.research.selection as selection
 from pipeline.config import load_config
 from pipeline.config_selection import SelectionConfig
 from pipeline.data.pack import ImagePack

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-import pipeline.selection as selection
+import pipeline.research.selection as selection
 from pipeline.config import load_config
 from pipeline.config_selection import SelectionConfig
 from pipeline.data.pack import ImagePack

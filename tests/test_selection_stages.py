@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-import pipeline.selection as selection
+import pipeline.research.selection as selection
 from pipeline.config import build_config, load_config
 from pipeline.config_selection import SelectionConfig
 from pipeline.data.pack import ImagePack

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import yaml
 
-import pipeline.selection as selection
+import pipeline.research.selection as selection
 from pipeline.config import build_config
 from pipeline.config_selection import SelectionConfig
 from pipeline.errors import FSCILError

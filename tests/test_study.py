@@ -12,13 +12,13 @@ import pandas as pd
 import pytest
 import torch
 
-import pipeline.selection as selection
-import pipeline.study as study
+import pipeline.research.selection as selection
+import pipeline.research.study as study
 from pipeline.config import build_config
 from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.models.fscil import build_model
-from pipeline.study import prototype_label, run_scores, study_table, table_markdown
+from pipeline.research.study import prototype_label, run_scores, study_table, table_markdown
 from pipeline.training.base_model import MODEL_FILE, base_twin
 from pipeline.training.base_session import derive_base_model, train_base
 from pipeline.training.checkpoint import load_checkpoint
@@ -260,7 +260,7 @@ def test_a_field_added_at_its_neutral_value_leaves_every_digest_as_before_it_exi
     from pipeline.config import build_config
     from pipeline.config_fields import NEUTRAL
     from pipeline.config_sections import RUN_SECTION_TYPES
-    from pipeline.selection import CANDIDATE_SECTIONS
+    from pipeline.research.selection import CANDIDATE_SECTIONS
     from pipeline.training.base_model import BASE_MODEL_SECTIONS, config_digest
     from pipeline.training.incremental_session import SECTIONS
 

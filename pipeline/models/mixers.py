@@ -23,10 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.models.ss2d import BranchBase, BranchDims, SS2DBranch, mamba_dt_bias
+from pipeline.names import ATTENTION_HEADS  # the appendix's 8-head Transformer
 from pipeline.ops.cross_scan import cross_merge, cross_scan
 from pipeline.ops.selective_scan import selective_scan
-
-ATTENTION_HEADS = 8  # the appendix's 8-head Transformer
 
 
 def _tokens(x: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from pipeline.ops import SCAN_CHOICES
+from pipeline.names import SCAN_CHOICES
 
 try:
     from mamba_ssm.ops.selective_scan_interface import selective_scan_fn as _cuda_selective_scan

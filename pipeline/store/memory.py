@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-MEMORY_KINDS = ("mean", "random", "sampled")
+from pipeline.names import MEMORY_KINDS  # noqa: F401 - the rules memory_rows and ClassMemory know
 
 
 def memory_rows(labels: np.ndarray, kind: str, k: int, gen: torch.Generator) -> np.ndarray:

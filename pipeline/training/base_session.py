@@ -24,7 +24,6 @@ from pipeline.data.augment import test_transform, train_augment
 from pipeline.data.mixing import mixup_cutmix
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
-from pipeline.device import resolve_device
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.losses.classification import cross_entropy_loss, mixed_loss
 from pipeline.models.classifier import HEADS
@@ -43,6 +42,7 @@ from pipeline.training.distributed import (
 from pipeline.training.evaluate import predict, session_metrics
 from pipeline.training.precise_bn import recalibrate_batchnorm
 from pipeline.training.progress import ProgressLog
+from pipeline.training.runtime import run_device
 from pipeline.training.schedule import set_lr, warmup_cosine
 
 RESUME_FILE = "resume.safetensors"
@@ -212,7 +212,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
     checkpoint_dir: where the periodic resumable checkpoint lives (outside the atomic output, so a killed run
     resumes from it). stop_after_epoch: end early after that epoch (to test resumption); returns {} then.
     """
-    device = resolve_device(cfg.device, cfg.deterministic, cfg.scan)
+    device = run_device(cfg)
     group = init_process_group(device)
     started = time.time()
     with ImagePack.open(pack_path) as pack:

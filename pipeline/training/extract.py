@@ -18,13 +18,13 @@ from tqdm import tqdm
 from pipeline.data.augment import test_transform, train_augment
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
-from pipeline.device import resolve_device
 from pipeline.precision import autocast, image_layout, memory_format
 from pipeline.seeding import DEVIATION, EXTRACT_VIEW, MEMORY, seeded_generator
 from pipeline.store.feature_store import FeatureStoreWriter
 from pipeline.store.memory import memory_rows
 from pipeline.training.base_model import load_base_model
 from pipeline.training.progress import ProgressLog
+from pipeline.training.runtime import run_device
 
 
 def _batches(ids: np.ndarray, size: int):
@@ -37,7 +37,7 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
                      progress_lines: bool = True) -> dict:
     """Write the store at `out_path` (the caller makes it atomic); returns a summary."""
     started = time.time()
-    device = resolve_device(cfg.device, cfg.deterministic, cfg.scan)
+    device = run_device(cfg)
     with ImagePack.open(pack_path) as pack:
         model, meta, ckpt_sha = load_base_model(cfg, base_dir, pack.content_hash)
         backbone = memory_format(model.backbone.to(device).eval(), cfg.precision)

@@ -15,13 +15,13 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from pipeline.data.mixing import deviation_draws, feature_mixup, lend_deviations, mixup_draws
-from pipeline.device import resolve_device
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.file_digest import file_digest
 from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
@@ -39,6 +39,7 @@ from pipeline.training.diagnostics import session_diagnostics
 from pipeline.training.evaluate import session_metrics
 from pipeline.training.progress import ProgressLog
 from pipeline.training.prototype import base_prototype_metrics, projected, prototype_metrics
+from pipeline.training.runtime import run_device
 from pipeline.training.schedule import set_lr, warmup_cosine
 
 STATE_FILE = "state.safetensors"
@@ -245,27 +246,28 @@ def train_step(projector, classifier, opt, trainable: list, batch: tuple, num_se
     return torch.stack([loss, cls, supp, sep]).detach()
 
 
-def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir: Path | None, out_dir: Path,
-                  show_progress: bool = True, progress_lines: bool = True) -> dict:
-    """Train g_inc for one session and write out_dir/{state.safetensors, metrics.json}; returns the metrics.
-    show_progress: a bar (a terminal); progress_lines: plain progress lines (logs, dvc repro)."""
-    started = time.time()
-    device = resolve_device(cfg.device, cfg.deterministic, cfg.scan)
-    base_ckpt = Path(base_dir) / MODEL_FILE
-    tensors, base_meta = load_checkpoint(base_ckpt, {"kind": "base-model", "config": config_digest(cfg)})
-    store = FeatureStore.open(store_path, pack_hash=base_meta["data"], checkpoint_sha256=file_digest(base_ckpt))
-    _check_session(session, int(store.attrs["num_sessions"]), prev_dir)
-    digest = config_digest(cfg, SECTIONS)
+class SessionData(NamedTuple):
+    """A session's training rows on the device (eq. batch_split) and what evaluation and the memory need of it."""
+
+    x: torch.Tensor  # (N, C, H, W) maps
+    y: torch.Tensor  # (N,) labels
+    is_base: torch.Tensor  # (N,) bool: the base group of the class-sensitive losses
+    shots: np.ndarray  # the session's own shots and their labels (the memory's new rows)
+    shot_labels: np.ndarray
+    num_seen: int  # classes seen after this session
+
+
+def start_session(cfg, session: int, store: FeatureStore, tensors: dict, num_classes: int, prev_dir: Path | None,
+                  digest: str) -> tuple:
+    """Projector, classifier and memory as session `session` starts: the base model, then the previous session's
+    state (its g_inc, classifier and memory; it must come from this config, base checkpoint and memory rule), g_inc
+    started from g_base under inc_init=base, p_iden / g_base frozen under freeze_base."""
     c, h, w = store.map_shape
-    num_classes = int(base_meta["num_classes"])
     projector, classifier = build_head(cfg.model, c, (h, w), num_classes)
     projector.load_state_dict(unprefixed(tensors, "projector"))
     classifier.load_state_dict(unprefixed(tensors, "classifier"))
-    base_maps, base_classes = store.base_memory()
-    num_base = int(store.attrs["num_base"])
     memory = ClassMemory.empty(store.map_shape)
     if session > 1:
-        # the previous session must come from this config, base checkpoint and memory rule
         state, _ = load_checkpoint(Path(prev_dir) / STATE_FILE, {
             "kind": "session", "session": session - 1, "config": digest, "store": store.attrs["checkpoint_sha256"],
             "memory": memory_tag(store)})
@@ -279,83 +281,107 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
         projector.start_inc_from_base()
     if cfg.incremental.freeze_base:
         projector.freeze_base()
-    frozen_before = frozen_digest(projector)
-    projector.to(device)
-    classifier.to(device)
+    return projector, classifier, memory
 
-    inc = cfg.incremental
+
+def session_data(store: FeatureStore, session: int, memory: ClassMemory, inc, device) -> SessionData:
+    """Session `session`'s training set (`session_training_set`) on `device`."""
     fewshot = store.fewshot(session)
     shots, shot_labels, _ = fewshot
-    x_np, y_np, base_np = session_training_set(store, session, fewshot, memory, base_maps, base_classes, inc)
-    x_all, y_all, base_all = (torch.from_numpy(a).to(device) for a in (x_np, y_np, base_np))
-    num_seen = int(shot_labels.max()) + 1
-    vertices = {}
-    if inc.vertex_match:  # the free vertices the new classes' features point to at the session's start (ours)
-        first = int(shot_labels.min())
-        mu = projected(projector, shots, "incremental", device, inc.eval_batch_size)  # g_inc's gate is still zero
-        perm = classifier.match_vertices(mu, torch.from_numpy(shot_labels), first)
-        vertices = {"vertices": perm[:num_seen - first]}  # the columns the new classes took
+    base_maps, base_classes = store.base_memory()
+    arrays = session_training_set(store, session, fewshot, memory, base_maps, base_classes, inc)
+    x, y, is_base = (torch.from_numpy(a).to(device) for a in arrays)
+    return SessionData(x, y, is_base, shots, shot_labels, int(shot_labels.max()) + 1)
 
+
+def match_vertices(projector, classifier, data: SessionData, inc, device) -> dict:
+    """incremental.vertex_match (ours): the free ETF vertices the new classes' features point to at the session's
+    start (g_inc's gate is still zero); {"vertices": the columns the new classes took}, or {} when off."""
+    if not inc.vertex_match:
+        return {}
+    first = int(data.shot_labels.min())
+    mu = projected(projector, data.shots, "incremental", device, inc.eval_batch_size)
+    perm = classifier.match_vertices(mu, torch.from_numpy(data.shot_labels), first)
+    return {"vertices": perm[:data.num_seen - first]}
+
+
+def fit_session(cfg, session: int, projector, classifier, data: SessionData, store: FeatureStore, device,
+                show_progress: bool, progress_lines: bool) -> tuple[dict, dict]:
+    """The session's SGD steps on eq. optim_inc (fresh SGD, warm-up and cosine, draws made ahead); returns the
+    per-step loss history and the fit loss before and after, and stops a session whose fit got worse."""
+    inc = cfg.incremental
     trainable = [p for p in projector.parameters() if p.requires_grad] + list(classifier.parameters())
     opt = torch.optim.SGD(session_param_groups(projector, trainable, inc), lr=inc.lr, momentum=inc.momentum,
                           weight_decay=inc.weight_decay)
     steps = inc.session_value("steps", session)
-    batch = min(inc.batch_size, len(y_all))
-    deviations = lent = None
-    if inc.deviation_prob > 0:
-        stored = store.base_deviations()
-        if stored is None:
-            raise FSCILError(f"{store.path}: extracted without base deviations, which incremental.deviation_prob "
-                             "needs; rerun `fscil stage extract` with extract.deviations > 0")
-        deviations = torch.from_numpy(stored).to(device)
-        # its own stream: the others are unchanged
-        lent = (inc.deviation_prob, len(deviations), seeded_generator(cfg.seed, DEVIATION + session))
-    draws = SessionDraws(seeded_generator(cfg.seed, SESSION * session), len(y_all), steps, batch, inc.mixup_prob,
-                         device, lent)
+    deviations, lent = lent_deviations(cfg, session, store, device)
+    draws = SessionDraws(seeded_generator(cfg.seed, SESSION * session), len(data.y), steps,
+                         min(inc.batch_size, len(data.y)), inc.mixup_prob, device, lent)
     projector.train()
     classifier.train()
     history = {"loss": [], "cls": [], "supp": [], "sep": []}
     # p_iden and g_base, when frozen, give each stored map the same output every step: computed once here (not with
     # lent deviations, which change the maps a step sees)
-    frozen = projector.frozen_outputs(x_all, inc.eval_batch_size) if deviations is None else None
-    fit_before = fit_loss(projector, classifier, x_all, y_all, num_seen, cfg.model.classifier, inc, frozen)
+    frozen = projector.frozen_outputs(data.x, inc.eval_batch_size) if deviations is None else None
+    fit = {"before": fit_loss(projector, classifier, data.x, data.y, data.num_seen, cfg.model.classifier, inc, frozen)}
     pending: list[torch.Tensor] = []
     bar = tqdm(range(steps), desc=f"session {session}", leave=False, disable=not show_progress)
     progress = ProgressLog(f"session {session}", steps, "step", enabled=progress_lines)
     for step in bar:
         idx, mix_perm, lent_draws = draws.step(step)
         set_lr(opt, warmup_cosine(step, steps, inc.warmup_steps, inc.warmup_ratio, inc.min_lr_ratio))
-        x = x_all[idx]
-        if deviations is not None:
-            x = lend_deviations(x, base_all[idx], deviations, lent_draws)
-        pending.append(train_step(projector, classifier, opt, trainable, (x, y_all[idx], base_all[idx]), num_seen,
-                                  cfg.model.classifier, inc, mix_perm, frozen_rows(frozen, idx), cfg.precision))
+        x = data.x[idx] if deviations is None else lend_deviations(data.x[idx], data.is_base[idx], deviations,
+                                                                   lent_draws)
+        pending.append(train_step(projector, classifier, opt, trainable, (x, data.y[idx], data.is_base[idx]),
+                                  data.num_seen, cfg.model.classifier, inc, mix_perm, frozen_rows(frozen, idx),
+                                  cfg.precision))
         if len(pending) == CHECK_EVERY or step + 1 == steps:  # the only read-back: every CHECK_EVERY steps
             read_back(pending, history, session, step + 1)
             bar.set_postfix(loss=f"{history['loss'][-1]:.4f}")
             progress.update(step + 1, loss=f"{history['loss'][-1]:.4f}")
-    fit_after = fit_loss(projector, classifier, x_all, y_all, num_seen, cfg.model.classifier, inc, frozen)
-    if loss_rose(fit_before, fit_after):
+    fit["after"] = fit_loss(projector, classifier, data.x, data.y, data.num_seen, cfg.model.classifier, inc, frozen)
+    if loss_rose(fit["before"], fit["after"]):
         raise TrainingDiverged(f"session {session}: the classification loss on the session's training set went from "
-                               f"{fit_before:.3g} before training to {fit_after:.3g} after; nothing written (lower "
-                               "incremental.lr or lambda1, or set incremental.grad_clip_norm)")
-    if cfg.incremental.freeze_base and frozen_digest(projector) != frozen_before:
-        raise RuntimeError("frozen projector parts changed during an incremental session")
+                               f"{fit['before']:.3g} before training to {fit['after']:.3g} after; nothing written "
+                               "(lower incremental.lr or lambda1, or set incremental.grad_clip_norm)")
+    return history, fit
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # one pass over the test maps: the session's accuracy, and the diagnostics (analysis only: nothing reads them
-    # to choose anything)
-    diagnostics, pred, labels = session_diagnostics(projector, classifier, store, num_seen, num_base, device,
-                                                    inc.eval_batch_size, out_dir)
-    metrics = session_metrics(pred, labels, num_base, num_seen)
-    prototype = {"prototype": prototype_metrics(projector, store, session, num_seen, num_base, device,
-                                                inc.eval_batch_size)}
+
+def lent_deviations(cfg, session: int, store: FeatureStore, device) -> tuple:
+    """(the stored base deviations on `device`, (prob, count, their generator)) under incremental.deviation_prob
+    (ours), else (None, None)."""
+    if cfg.incremental.deviation_prob <= 0:
+        return None, None
+    stored = store.base_deviations()
+    if stored is None:
+        raise FSCILError(f"{store.path}: extracted without base deviations, which incremental.deviation_prob "
+                         "needs; rerun `fscil stage extract` with extract.deviations > 0")
+    deviations = torch.from_numpy(stored).to(device)
+    # its own stream: the others are unchanged
+    return deviations, (cfg.incremental.deviation_prob, len(deviations),
+                        seeded_generator(cfg.seed, DEVIATION + session))
+
+
+def evaluate_session(cfg, session: int, projector, classifier, store: FeatureStore, tensors: dict, num_seen: int,
+                     device, out_dir: Path) -> dict:
+    """One pass over the test maps: the session's accuracy and the diagnostics (analysis only: nothing reads them
+    to choose anything), and the prototype baselines (session 1 also the base session's)."""
+    num_base, batch = int(store.attrs["num_base"]), cfg.incremental.eval_batch_size
+    diagnostics, pred, labels = session_diagnostics(projector, classifier, store, num_seen, num_base, device, batch,
+                                                    out_dir)
+    out = {**session_metrics(pred, labels, num_base, num_seen),
+           "prototype": prototype_metrics(projector, store, session, num_seen, num_base, device, batch)}
     if session == 1:  # the base stage has no feature store: session 1 reports the base session's NCM baseline
-        prototype["prototype_session0"] = base_prototype_metrics(cfg.model, tensors, store, device,
-                                                                 inc.eval_batch_size)
-    kind, k = store.memory_rule  # eq. memory, or the random / sampled rule the store was extracted with
-    memory = memory.added(shots, shot_labels, kind, k, seeded_generator(cfg.seed, MEMORY + session))
+        out["prototype_session0"] = base_prototype_metrics(cfg.model, tensors, store, device, batch)
+    return {**out, "diagnostics": diagnostics}
+
+
+def write_session_state(cfg, session: int, projector, classifier, memory: ClassMemory, data: SessionData,
+                        store: FeatureStore, digest: str, frozen_sha: str, out_dir: Path) -> None:
+    """out_dir/state.safetensors: g_inc (and p_iden / g_base when they train), the classifier, and the memory with
+    this session's classes added (eq. memory, or the rule the store was extracted with)."""
+    kind, k = store.memory_rule
+    memory = memory.added(data.shots, data.shot_labels, kind, k, seeded_generator(cfg.seed, MEMORY + session))
     state = prefixed(projector.adapting_branch.state_dict(), "adapting")
     if not cfg.incremental.freeze_base:
         state.update(prefixed(base_parts_state(projector), "projector"))
@@ -363,14 +389,44 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     state.update(memory.to_tensors())
     save_checkpoint(out_dir / STATE_FILE, state, {
         "kind": "session", "session": session, "config": digest, "store": store.attrs["checkpoint_sha256"],
-        "memory": memory_tag(store),
-        "frozen_sha256": frozen_before, "num_seen": num_seen,
+        "memory": memory_tag(store), "frozen_sha256": frozen_sha, "num_seen": data.num_seen,
     })
+
+
+def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir: Path | None, out_dir: Path,
+                  show_progress: bool = True, progress_lines: bool = True) -> dict:
+    """Train g_inc for one session and write out_dir/{state.safetensors, metrics.json}; returns the metrics.
+    show_progress: a bar (a terminal); progress_lines: plain progress lines (logs, dvc repro)."""
+    started = time.time()
+    device = run_device(cfg)
+    base_ckpt = Path(base_dir) / MODEL_FILE
+    tensors, base_meta = load_checkpoint(base_ckpt, {"kind": "base-model", "config": config_digest(cfg)})
+    store = FeatureStore.open(store_path, pack_hash=base_meta["data"], checkpoint_sha256=file_digest(base_ckpt))
+    _check_session(session, int(store.attrs["num_sessions"]), prev_dir)
+    digest = config_digest(cfg, SECTIONS)
+    projector, classifier, memory = start_session(cfg, session, store, tensors, int(base_meta["num_classes"]),
+                                                  prev_dir, digest)
+    frozen_before = frozen_digest(projector)
+    projector.to(device)
+    classifier.to(device)
+    data = session_data(store, session, memory, cfg.incremental, device)
+    vertices = match_vertices(projector, classifier, data, cfg.incremental, device)
+    history, fit = fit_session(cfg, session, projector, classifier, data, store, device, show_progress,
+                               progress_lines)
+    if cfg.incremental.freeze_base and frozen_digest(projector) != frozen_before:
+        raise RuntimeError("frozen projector parts changed during an incremental session")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    evaluation = evaluate_session(cfg, session, projector, classifier, store, tensors, data.num_seen, device, out_dir)
+    write_session_state(cfg, session, projector, classifier, memory, data, store, digest, frozen_before, out_dir)
+    steps = cfg.incremental.session_value("steps", session)
     result = {"session": session, "preset": cfg.preset, "variant": cfg.variant, "seed": cfg.seed,
-              **metrics, "steps": steps, "train_samples": int(len(y_all)),
+              **{k: v for k, v in evaluation.items() if k not in ("prototype", "prototype_session0", "diagnostics")},
+              "steps": steps, "train_samples": int(len(data.y)),
               "final_loss": history["loss"][-1] if steps else None, "history": history,
-              "fit_loss": {"before": round(fit_before, 6), "after": round(fit_after, 6)},
-              "frozen_sha256": frozen_before, **vertices, **prototype, "diagnostics": diagnostics,
+              "fit_loss": {k: round(v, 6) for k, v in fit.items()}, "frozen_sha256": frozen_before, **vertices,
+              **{k: evaluation[k] for k in ("prototype", "prototype_session0") if k in evaluation},
+              "diagnostics": evaluation["diagnostics"],
               "projector_parameters": sum(p.numel() for p in projector.parameters()),
               "seconds": round(time.time() - started, 2)}
     (out_dir / METRICS_FILE).write_text(json.dumps(result, indent=2))

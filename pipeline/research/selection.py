@@ -2,7 +2,7 @@
 supp:hyperparameter_protocol).
 
 The real base session's training images are split, seeded, into a pseudo-base session, few-shot pseudo-incremental
-sessions and a held-out pseudo test set, and written as an ordinary image pack (pipeline/pseudo_pack.py), so each
+sessions and a held-out pseudo test set, and written as an ordinary image pack (`pseudo_pack`), so each
 candidate runs the very training code of the pipeline (train_base, extract_features, train_session). Nothing of the real
 test set or of the real incremental sessions is ever read. Choices follow the paper's order, each by the highest pseudo
 AVG with the earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the suppression variant, K, our
@@ -43,8 +43,8 @@ from pipeline.config import Config, check_combination, variant_keys
 from pipeline.config_selection import BASE_SELECTION_KEYS, SCHEDULE_SELECTION_KEYS, SelectionConfig
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError, TrainingDiverged
-from pipeline.pseudo_pack import pseudo_packs
 from pipeline.report import session_table, summarise, summarise_prototypes
+from pipeline.research.pseudo_pack import pseudo_packs
 from pipeline.training.base_model import BASE_MODEL_SECTIONS, MODEL_FILE, base_twin, config_digest
 from pipeline.training.base_session import derive_base_model, train_base
 from pipeline.training.extract import extract_features

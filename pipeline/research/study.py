@@ -29,7 +29,7 @@ from pipeline.config import Config, build_config
 from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.plots import PROTOTYPE
-from pipeline.selection import run_candidate, run_once
+from pipeline.research.selection import run_candidate, run_once
 from pipeline.training.base_model import base_twin, config_digest
 from pipeline.training.progress import clock
 from pipeline.workdir import locked
