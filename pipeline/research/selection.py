@@ -292,104 +292,128 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
         return _select(cfg, sel, order, full_order, fixed, pack_path, out_dir, work_dir, log, reuse_stale)
 
 
-def _select(cfg: Config, sel: SelectionConfig, order: list, full_order: list, fixed: set[str], pack_path: Path,
-            out_dir: Path, work_dir: Path, log: Callable[[str], None] | None, reuse_stale: bool) -> dict:
-    say = log or (lambda line: None)
-    packs = pseudo_packs(pack_path, work_dir, sel)
-    pseudo = packs[0][1]
-    say(f"pseudo protocol: {pseudo['base_classes']} base classes + {pseudo['sessions']} x {pseudo['ways']}-way "
-        f"{pseudo['shots']}-shot, {pseudo['num_test']} test images; {len(packs)} protocol(s), seeds "
-        f"{', '.join(str(p[1]['seed']) for p in packs)}")
-    results_path = work_dir / RESULTS_FILE
-    results: dict[str, dict] = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    if results:  # keyed by the values a candidate reads; one made by other code is refused unless reuse_stale
-        say(f"select: {len(results)} candidate results stored in {work_dir} are reused where they match")
-    chosen: dict[str, Any] = {}
-    rows: list[dict] = []
-    all_diverged: list[str] = []  # keys whose every candidate diverged, in the order they ran
-    # candidates done / planned (a schedule pass that changes a value adds a pass: the total is then a floor)
-    count = {"done": 0, "total": sum(len(values) for _, _, values, _ in order), "started": time.time()}
+class _Selection:
+    """One `fscil select` run: the pseudo protocols, the stored candidate results, the choices made so far and the
+    rows of selection.csv, with a progress line per candidate."""
 
-    def group_values(group: list) -> list:
+    def __init__(self, cfg: Config, sel: SelectionConfig, pack_path: Path, work_dir: Path,
+                 log: Callable[[str], None] | None, reuse_stale: bool, planned: int):
+        self.cfg, self.sel, self.work_dir, self.reuse_stale = cfg, sel, work_dir, reuse_stale
+        self.say = log or (lambda line: None)
+        self.packs = pseudo_packs(pack_path, work_dir, sel)
+        pseudo = self.packs[0][1]
+        self.say(f"pseudo protocol: {pseudo['base_classes']} base classes + {pseudo['sessions']} x {pseudo['ways']}"
+                 f"-way {pseudo['shots']}-shot, {pseudo['num_test']} test images; {len(self.packs)} protocol(s), "
+                 f"seeds {', '.join(str(p[1]['seed']) for p in self.packs)}")
+        self.results_path = work_dir / RESULTS_FILE
+        self.results: dict[str, dict] = (json.loads(self.results_path.read_text()) if self.results_path.is_file()
+                                         else {})
+        if self.results:  # keyed by the values a candidate reads; one made by other code is refused unless reuse_stale
+            self.say(f"select: {len(self.results)} candidate results stored in {work_dir} are reused where they match")
+        self.chosen: dict[str, Any] = {}
+        self.rows: list[dict] = []
+        self.all_diverged: list[str] = []  # keys whose every candidate diverged, in the order they ran
+        # candidates done / planned (a schedule pass that changes a value adds a pass: the total is then a floor)
+        self.count = {"done": 0, "total": planned, "started": time.time()}
+
+    def group_values(self, group: list) -> list:
         """The values the group's keys run with now (chosen, else configured)."""
-        current = with_values(cfg, chosen)
+        current = with_values(self.cfg, self.chosen)
         return [_get(current, key) for _, key, _, _ in group]
 
-    def choose_key(stage: str, key: str, values: list, held: dict[str, Any]) -> None:
+    def run_candidate(self, stage: str, key: str, value: Any, held: dict[str, Any]) -> tuple[float, list[float]]:
+        """`key`=`value` on every pseudo protocol (the earlier choices fixed): its row, and its score (-inf when a
+        protocol diverged) with the per-protocol AVGs."""
+        cand = with_values(self.cfg, {**held, **self.chosen, key: value})
+        runs = [_run_cached(dataclasses.replace(cand, seed=info["seed"]), (path, info), self.work_dir, self.results,
+                            self.results_path, self.reuse_stale) for path, info in self.packs]
+        diverged = [r["diverged"] for r in runs if "diverged" in r]
+        mean = {s: float(np.mean([r[s] for r in runs])) for s in SCORES}  # nan when one diverged
+        self.rows.append({"stage": stage, "key": key, "value": value, **mean,
+                          **({f"avg_seed{info['seed']}": r["avg"] for (_, info), r in zip(self.packs, runs,
+                                                                                          strict=True)}
+                             if len(self.packs) > 1 else {}),
+                          "seconds": round(sum(r["seconds"] for r in runs), 2), "diverged": bool(diverged),
+                          "chosen": False})
+        took = "cached" if all(r["cached"] for r in runs) else f"{self.rows[-1]['seconds']:.0f} s"
+        outcome = f"diverged ({diverged[0]})" if diverged else f"AVG {mean['avg']:.2f} final {mean['final']:.2f}"
+        count = self.count
+        count["done"] += 1
+        count["total"] = max(count["total"], count["done"])
+        elapsed = time.time() - count["started"]
+        eta = elapsed / count["done"] * (count["total"] - count["done"])
+        self.say(f"[{count['done']}/{count['total']} candidates, elapsed {clock(elapsed)}, ETA {clock(eta)}] "
+                 f"{key}={value}: {outcome} ({took})")
+        return (-math.inf if diverged else mean["avg"]), [r["avg"] for r in runs]
+
+    def choose_key(self, stage: str, key: str, values: list, held: dict[str, Any]) -> None:
         """Run every candidate of `key` (the earlier choices fixed), record their rows and the chosen value."""
-        scores, per_protocol = [], []
-        for value in values:
-            cand = with_values(cfg, {**held, **chosen, key: value})
-            runs = [_run_cached(dataclasses.replace(cand, seed=info["seed"]), (path, info), work_dir, results,
-                                results_path, reuse_stale) for path, info in packs]
-            diverged = [r["diverged"] for r in runs if "diverged" in r]
-            mean = {s: float(np.mean([r[s] for r in runs])) for s in SCORES}  # nan when one diverged
-            scores.append(-math.inf if diverged else mean["avg"])
-            per_protocol.append([r["avg"] for r in runs])
-            rows.append({"stage": stage, "key": key, "value": value, **mean,
-                         **({f"avg_seed{info['seed']}": r["avg"] for (_, info), r in zip(packs, runs, strict=True)}
-                            if len(packs) > 1 else {}),
-                         "seconds": round(sum(r["seconds"] for r in runs), 2), "diverged": bool(diverged),
-                         "chosen": False})
-            took = "cached" if all(r["cached"] for r in runs) else f"{rows[-1]['seconds']:.0f} s"
-            outcome = f"diverged ({diverged[0]})" if diverged else f"AVG {mean['avg']:.2f} final {mean['final']:.2f}"
-            count["done"] += 1
-            count["total"] = max(count["total"], count["done"])
-            elapsed = time.time() - count["started"]
-            eta = elapsed / count["done"] * (count["total"] - count["done"])
-            say(f"[{count['done']}/{count['total']} candidates, elapsed {clock(elapsed)}, ETA {clock(eta)}] "
-                f"{key}={value}: {outcome} ({took})")
-        configured = _get(cfg, key)
+        scores, per_protocol = zip(*(self.run_candidate(stage, key, v, held) for v in values), strict=True)
+        configured = _get(self.cfg, key)
         if all(score == -math.inf for score in scores):
             # nothing to choose: the configured value stays, and a later key (a clip, a smaller weight) may yet make
             # the run train; when none is left, the selection ends with an error instead of a config that diverged
-            all_diverged.append(key)
-            say(f"every candidate of {key} ({', '.join(map(str, values))}) diverged on at least one pseudo protocol; "
-                f"{key} stays at {configured} and the selection goes on")
+            self.all_diverged.append(key)
+            self.say(f"every candidate of {key} ({', '.join(map(str, values))}) diverged on at least one pseudo "
+                     f"protocol; {key} stays at {configured} and the selection goes on")
             return
-        paired = len(packs) > 1 and configured in values  # each candidate's gain over the configured value, in SE
+        paired = len(self.packs) > 1 and configured in values  # each candidate's gain over the configured value, in SE
         gains = [paired_gain_se(runs, per_protocol[values.index(configured)]) if paired and value != configured
                  else math.nan for value, runs in zip(values, per_protocol, strict=True)]
-        chosen[key] = choose(values, scores, configured, gains, sel.min_gain_se)
-        for row, value, gain in zip(rows[-len(values):], values, gains, strict=True):
-            row["chosen"] = value == chosen[key]
+        chosen = self.chosen[key] = choose(values, list(scores), configured, gains, self.sel.min_gain_se)
+        for row, value, gain in zip(self.rows[-len(values):], values, gains, strict=True):
+            row["chosen"] = value == chosen
             if paired and value != configured:
                 row["gain_se"] = gain
-        top = choose(values, scores, configured)  # the paper's rule, to say when the margin overruled it
+        top = choose(values, list(scores), configured)  # the paper's rule, to say when the margin overruled it
         margin = (f" ({top} had the highest mean but gained {gains[values.index(top)]:.2f} standard errors over "
-                  f"{configured}, not more than selection.min_gain_se {sel.min_gain_se:g})" if chosen[key] != top
+                  f"{configured}, not more than selection.min_gain_se {self.sel.min_gain_se:g})" if chosen != top
                   else "")
-        say(f"chosen {key}={chosen[key]}{margin}")
+        self.say(f"chosen {key}={chosen}{margin}")
 
-    if held := sorted(fixed & {key for _, key, _, _ in full_order}):
-        say(f"variant {cfg.variant} fixes {', '.join(held)}: not selected")
-    for stage, entries in itertools.groupby(order, key=lambda entry: entry[0]):
-        group = list(entries)
-        # the training-set keys interact (base_copy repeats the memory's rows, replay picks what stands for a class),
-        # so their stage repeats, each key chosen again with the others at their new values, until a pass changes
-        # nothing (cached candidates cost nothing); every other stage is one pass, in the paper's order
+    def run_stage(self, stage: str, group: list) -> None:
+        """One stage's keys in order. The training-set keys interact (base_copy repeats the memory's rows, replay
+        picks what stands for a class), so their stage repeats, each key chosen again with the others at their new
+        values, until a pass changes nothing (cached candidates cost nothing); every other stage is one pass."""
         for n in range(SCHEDULE_PASSES if stage == "schedule" and len(group) > 1 else 1):
-            before = group_values(group)
+            before = self.group_values(group)
             for _, key, values, held in group:
                 read, unread_because = READ_ONLY_WHEN.get(key, (None, ""))
-                if read is not None and not read(with_values(cfg, {**held, **chosen})):
-                    say(f"{key} not selected: {unread_because}, so every candidate would be the same run")
+                if read is not None and not read(with_values(self.cfg, {**held, **self.chosen})):
+                    self.say(f"{key} not selected: {unread_because}, so every candidate would be the same run")
                     continue
-                choose_key(stage if n == 0 else f"{stage} (pass {n + 1})", key, values, held)
-            if group_values(group) == before:
+                self.choose_key(stage if n == 0 else f"{stage} (pass {n + 1})", key, values, held)
+            if self.group_values(group) == before:
                 break
-    if rows and rows[-1]["key"] in all_diverged:  # the last key run: the configuration it leaves diverges
-        key = rows[-1]["key"]
-        values = ", ".join(str(row["value"]) for row in rows if row["key"] == key)
-        raise FSCILError(f"selection: every candidate of {key} ({values}) diverged on at least one pseudo protocol "
-                         "and no key is left after it; add a smaller candidate (or lower incremental.lr, or list "
-                         "incremental.grad_clip_norm candidates)")
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(out_dir / "selection.csv", index=False)
-    (out_dir / "selected.yaml").write_text(selected_yaml(chosen, [info for _, info in packs], cfg.variant,
-                                                         needed_keys(cfg, chosen)))
-    summary = {"chosen": chosen, "rows": rows, "all_diverged": all_diverged, "pseudo_protocol": pseudo,
-               "pseudo_protocols": [info for _, info in packs]}
-    (out_dir / "selection.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    def check_last_key(self) -> None:
+        """The last key run must leave a configuration that trains."""
+        if self.rows and self.rows[-1]["key"] in self.all_diverged:
+            key = self.rows[-1]["key"]
+            values = ", ".join(str(row["value"]) for row in self.rows if row["key"] == key)
+            raise FSCILError(f"selection: every candidate of {key} ({values}) diverged on at least one pseudo "
+                             "protocol and no key is left after it; add a smaller candidate (or lower incremental.lr, "
+                             "or list incremental.grad_clip_norm candidates)")
+
+    def write(self, out_dir: Path) -> dict:
+        """selection.csv, selected.yaml and selection.json in out_dir; returns the summary."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(self.rows).to_csv(out_dir / "selection.csv", index=False)
+        infos = [info for _, info in self.packs]
+        (out_dir / "selected.yaml").write_text(selected_yaml(self.chosen, infos, self.cfg.variant,
+                                                             needed_keys(self.cfg, self.chosen)))
+        summary = {"chosen": self.chosen, "rows": self.rows, "all_diverged": self.all_diverged,
+                   "pseudo_protocol": infos[0], "pseudo_protocols": infos}
+        (out_dir / "selection.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+def _select(cfg: Config, sel: SelectionConfig, order: list, full_order: list, fixed: set[str], pack_path: Path,
+            out_dir: Path, work_dir: Path, log: Callable[[str], None] | None, reuse_stale: bool) -> dict:
+    run = _Selection(cfg, sel, pack_path, work_dir, log, reuse_stale, sum(len(values) for _, _, values, _ in order))
+    if held := sorted(fixed & {key for _, key, _, _ in full_order}):
+        run.say(f"variant {cfg.variant} fixes {', '.join(held)}: not selected")
+    for stage, entries in itertools.groupby(order, key=lambda entry: entry[0]):
+        run.run_stage(stage, list(entries))
+    run.check_last_key()
+    return run.write(out_dir)

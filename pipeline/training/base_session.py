@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -205,6 +206,121 @@ def not_learning(epoch_losses: list[float]) -> bool:
     return len(epoch_losses) >= 2 and not epoch_losses[-1] < epoch_losses[0]
 
 
+class BaseRun(NamedTuple):
+    """What the base session's steps work with: the model (and its DDP wrapper `net`), the auxiliary CE head, the
+    optimizer, the training images and labels on the device, and this process's group and slice of each batch."""
+
+    model: FSCILModel
+    net: nn.Module
+    aux_head: nn.Linear | None
+    opt: torch.optim.SGD
+    images: torch.Tensor
+    targets: torch.Tensor
+    group: object
+    local: slice
+    preset: object
+    num_base: int
+
+
+def base_run(cfg, pack: ImagePack, device, group) -> BaseRun:
+    """The model for eq. optim_base (backbone, p_iden and g_base train; g_inc waits for session 1), wrapped in DDP
+    with global BatchNorm under torchrun, its optimizer, and the base session's images on the device."""
+    protocol = pack.protocol
+    preset = get_preset(pack.preset, pack.image_size)
+    train_ids = np.asarray(protocol.sessions[0].train_ids)
+    num_base = len(protocol.sessions[0].classes)
+    if cfg.base.batch_size > len(train_ids):
+        raise FSCILError(f"params: base.batch_size {cfg.base.batch_size} exceeds the {len(train_ids)} base training "
+                         "images")
+    local = group.local_slice(cfg.base.batch_size)
+    model = build_model(cfg.model, protocol.num_classes, preset.input_size, seed=cfg.seed).to(device)
+    memory_format(model.backbone, cfg.precision)
+    model.backbone.freeze_for_base_training()
+    if model.projector.g_inc is not None:
+        model.projector.g_inc.requires_grad_(False)  # trained from session 1 on
+    aux_head = backbone_ce_head(model, num_base, cfg.base.backbone_ce)
+    net: nn.Module = _BaseNet(model, num_base, aux_head)
+    if group.world_size > 1:
+        convert_global_batchnorm(model)
+        net = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
+    images = load_base_train_images(pack, train_ids, device)
+    targets = torch.from_numpy(pack.labels)[train_ids].to(device)
+    return BaseRun(model, net, aux_head, _optimizer(model, aux_head, cfg), images, targets, group, local, preset,
+                   num_base)
+
+
+def train_epoch(cfg, run: BaseRun, epoch: int, device, show_progress: bool) -> float:
+    """One epoch of eq. optim_base over a seeded permutation of the base images (drop_last); the mean of its
+    global-batch losses. A non-finite loss stops the run before its update (nothing written)."""
+    batch, head = cfg.base.batch_size, HEADS[cfg.model.classifier]
+    steps_per_epoch = len(run.images) // batch
+    total_steps = cfg.base.epochs * steps_per_epoch
+    run.net.train()
+    order = torch.randperm(len(run.images), generator=seeded_generator(cfg.seed, BASE_EPOCH_ORDER + epoch))
+    order = order.to(device)
+    bar = tqdm(range(steps_per_epoch), desc=f"base epoch {epoch + 1}/{cfg.base.epochs}", leave=False,
+               disable=not (show_progress and run.group.is_main))
+    running = 0.0
+    for i in bar:
+        step = epoch * steps_per_epoch + i
+        set_lr(run.opt, warmup_cosine(step, total_steps, cfg.base.warmup_steps, 0.0, cfg.base.min_lr_ratio))
+        idx = order[i * batch:(i + 1) * batch]
+        gen = seeded_generator(cfg.seed, BASE_STEP_AUGMENT + step, device)
+        x, y_a, y_b, lam = _base_batch(run.images[idx], run.targets[idx], run.num_base, run.preset, cfg.base, epoch,
+                                       gen)
+        with autocast(device, cfg.precision):  # params precision: bf16 in the fast profile
+            logits = run.net(image_layout(x[run.local], cfg.precision))
+        loss = base_loss(head, cfg.base, *(t.float() if t is not None else None for t in logits), y_a[run.local],
+                         y_b[run.local], lam[run.local])
+        # the global-batch loss (mean of the equal slices' means): every process logs and checks the same one
+        global_loss = all_reduce_sum(loss.detach(), run.group) / run.group.world_size
+        if not torch.isfinite(global_loss):
+            raise TrainingDiverged(f"base training: non-finite loss at epoch {epoch + 1} step {i + 1}; "
+                                   "nothing written")
+        run.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        run.opt.step()
+        running += global_loss.item()
+        bar.set_postfix(loss=f"{running / (i + 1):.4f}")
+    return round(running / max(steps_per_epoch, 1), 6)
+
+
+def save_resume_point(run: BaseRun, ckpt: Path, meta: dict, done: int, history: list[float]) -> None:
+    """The resumable checkpoint after epoch `done`: model, auxiliary head and optimizer state."""
+    tensors = {f"model.{k}": v for k, v in run.model.state_dict().items()}
+    if run.aux_head is not None:
+        tensors.update({AUX_PREFIX + k: v for k, v in run.aux_head.state_dict().items()})
+    tensors.update(_optimizer_tensors(run.opt, _trained_parameters(run.model, run.aux_head)))
+    save_checkpoint(ckpt, tensors, {**meta, "epoch": done, "history": history})
+
+
+def finish_base(cfg, run: BaseRun, pack: ImagePack, device, history: list[float], out_dir: Path | None,
+                started: float) -> dict:
+    """After the last epoch: the not-learning check, precise BatchNorm when asked, and on the main process the
+    base-class test accuracy and the written model (model.safetensors + metrics.json)."""
+    if not_learning(history):
+        raise TrainingDiverged(f"base training: the mean loss of the last epoch ({history[-1]:.4g}) is not below "
+                               f"the first epoch's ({history[0]:.4g}); nothing written (lower base.lr)")
+    recalibrated = 0
+    if cfg.base.precise_bn:  # every process measures all images: the same statistics everywhere
+        size = cfg.base.eval_batch_size
+        recalibrated = recalibrate_batchnorm(
+            run.model.backbone, run.model.backbone.trained_batchnorms(),
+            lambda: (test_transform(run.images[i:i + size], run.preset) for i in range(0, len(run.images), size)))
+    if not run.group.is_main:
+        return {}
+    protocol = pack.protocol
+    test_ids = protocol.test_ids_seen(0, pack.labels)
+    pred = evaluate_images(run.model, pack, test_ids, run.num_base, run.preset, device, cfg.base.eval_batch_size)
+    result = {"session": 0, **session_metrics(pred, pack.labels[test_ids], run.num_base, run.num_base),
+              "preset": cfg.preset, "projector": cfg.model.projector, "train_loss": history,
+              "epochs": cfg.base.epochs, "steps": cfg.base.epochs * (len(run.images) // cfg.base.batch_size),
+              "world_size": run.group.world_size, "precise_bn_layers": recalibrated,
+              "num_sessions": len(protocol.sessions), "seconds": round(time.time() - started, 2)}
+    _write_base_model(Path(out_dir), run.model, cfg, pack, run.preset.input_size, result)
+    return result
+
+
 def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path, *,
                stop_after_epoch: int | None = None, show_progress: bool = True) -> dict:
     """Train the base session; the main process writes `out_dir`/model.safetensors + metrics.json.
@@ -216,98 +332,25 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
     group = init_process_group(device)
     started = time.time()
     with ImagePack.open(pack_path) as pack:
-        protocol = pack.protocol
-        preset = get_preset(pack.preset, pack.image_size)
-        base = protocol.sessions[0]
-        num_base = len(base.classes)
-        train_ids = np.asarray(base.train_ids)
-        labels_all = torch.from_numpy(pack.labels)
-        batch = cfg.base.batch_size
-        if batch > len(train_ids):
-            raise FSCILError(f"params: base.batch_size {batch} exceeds the {len(train_ids)} base training images")
-        local = group.local_slice(batch)
-        model = build_model(cfg.model, protocol.num_classes, preset.input_size, seed=cfg.seed).to(device)
-        memory_format(model.backbone, cfg.precision)
-        model.backbone.freeze_for_base_training()
-        if model.projector.g_inc is not None:
-            model.projector.g_inc.requires_grad_(False)  # trained from session 1 on
-        aux_head = backbone_ce_head(model, num_base, cfg.base.backbone_ce)
-        net: nn.Module = _BaseNet(model, num_base, aux_head)
-        if group.world_size > 1:
-            convert_global_batchnorm(model)
-            net = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
-        opt = _optimizer(model, aux_head, cfg)
-        head = HEADS[cfg.model.classifier]
-        steps_per_epoch = len(train_ids) // batch
-        total_steps = cfg.base.epochs * steps_per_epoch
+        run = base_run(cfg, pack, device, group)
         meta = {"kind": "base-resume", "config": config_digest(cfg), "data": pack.content_hash}
         ckpt = Path(checkpoint_dir) / RESUME_FILE
-        start_epoch, history = _resume(ckpt, meta, model, aux_head, opt)
-        images = load_base_train_images(pack, train_ids, device)
-        targets = labels_all[train_ids].to(device)
+        start_epoch, history = _resume(ckpt, meta, run.model, run.aux_head, run.opt)
         progress = ProgressLog("base", cfg.base.epochs, "epoch", start=start_epoch, enabled=group.is_main)
         for epoch in range(start_epoch, cfg.base.epochs):
             epoch_started = time.perf_counter()
-            net.train()
-            order = torch.randperm(len(train_ids), generator=seeded_generator(cfg.seed, BASE_EPOCH_ORDER + epoch))
-            order = order.to(device)
-            bar = tqdm(range(steps_per_epoch), desc=f"base epoch {epoch + 1}/{cfg.base.epochs}", leave=False,
-                       disable=not (show_progress and group.is_main))
-            running = 0.0
-            for i in bar:
-                step = epoch * steps_per_epoch + i
-                set_lr(opt, warmup_cosine(step, total_steps, cfg.base.warmup_steps, 0.0, cfg.base.min_lr_ratio))
-                idx = order[i * batch:(i + 1) * batch]
-                gen = seeded_generator(cfg.seed, BASE_STEP_AUGMENT + step, device)
-                x, y_a, y_b, lam = _base_batch(images[idx], targets[idx], num_base, preset, cfg.base, epoch, gen)
-                with autocast(device, cfg.precision):  # params precision: bf16 in the fast profile
-                    logits = net(image_layout(x[local], cfg.precision))
-                loss = base_loss(head, cfg.base, *(t.float() if t is not None else None for t in logits), y_a[local],
-                                 y_b[local], lam[local])
-                # the global-batch loss (mean of the equal slices' means): every process logs and checks the same one
-                global_loss = all_reduce_sum(loss.detach(), group) / group.world_size
-                if not torch.isfinite(global_loss):
-                    raise TrainingDiverged(f"base training: non-finite loss at epoch {epoch + 1} step {i + 1}; "
-                                           "nothing written")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                running += global_loss.item()
-                bar.set_postfix(loss=f"{running / (i + 1):.4f}")
-            history.append(round(running / max(steps_per_epoch, 1), 6))
+            history.append(train_epoch(cfg, run, epoch, device, show_progress))
             done = epoch + 1
-            rate = steps_per_epoch * batch / max(time.perf_counter() - epoch_started, 1e-9)
-            progress.update(done, loss=f"{history[-1]:.4f}", lr=f"{opt.param_groups[0]['lr']:.4g}",
+            images = (len(run.images) // cfg.base.batch_size) * cfg.base.batch_size
+            rate = images / max(time.perf_counter() - epoch_started, 1e-9)
+            progress.update(done, loss=f"{history[-1]:.4f}", lr=f"{run.opt.param_groups[0]['lr']:.4g}",
                             **{"img/s": f"{rate:.0f}"})
             if group.is_main and (done % cfg.base.checkpoint_every == 0 or done == cfg.base.epochs):
-                tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
-                if aux_head is not None:
-                    tensors.update({AUX_PREFIX + k: v for k, v in aux_head.state_dict().items()})
-                tensors.update(_optimizer_tensors(opt, _trained_parameters(model, aux_head)))
-                save_checkpoint(ckpt, tensors, {**meta, "epoch": done, "history": history})
+                save_resume_point(run, ckpt, meta, done, history)
             barrier(group)
             if stop_after_epoch is not None and done >= stop_after_epoch:
                 return {}
-        if not_learning(history):
-            raise TrainingDiverged(f"base training: the mean loss of the last epoch ({history[-1]:.4g}) is not below "
-                                   f"the first epoch's ({history[0]:.4g}); nothing written (lower base.lr)")
-        recalibrated = 0
-        if cfg.base.precise_bn:  # every process measures all images: the same statistics everywhere
-            recalibrated = recalibrate_batchnorm(
-                model.backbone, model.backbone.trained_batchnorms(),
-                lambda: (test_transform(images[i:i + cfg.base.eval_batch_size], preset)
-                         for i in range(0, len(images), cfg.base.eval_batch_size)))
-        result: dict = {}
-        if group.is_main:
-            test_ids = protocol.test_ids_seen(0, pack.labels)
-            pred = evaluate_images(model, pack, test_ids, num_base, preset, device, cfg.base.eval_batch_size)
-            metrics = session_metrics(pred, pack.labels[test_ids], num_base, num_base)
-            result = {"session": 0, **metrics, "preset": cfg.preset, "projector": cfg.model.projector,
-                      "train_loss": history, "epochs": cfg.base.epochs,
-                      "steps": total_steps, "world_size": group.world_size, "precise_bn_layers": recalibrated,
-                      "num_sessions": len(protocol.sessions),
-                      "seconds": round(time.time() - started, 2)}
-            _write_base_model(Path(out_dir), model, cfg, pack, preset.input_size, result)
+        result = finish_base(cfg, run, pack, device, history, out_dir, started)
         barrier(group)
     cleanup(group)
     return result

@@ -32,6 +32,81 @@ def _batches(ids: np.ndarray, size: int):
         yield start, ids[start:start + size]
 
 
+class Extractor:
+    """Maps of the frozen backbone written into the store, batch by batch, with one progress bar and line."""
+
+    def __init__(self, cfg, pack: ImagePack, backbone, preset, device, writer: FeatureStoreWriter, total: int,
+                 show_progress: bool, progress_lines: bool):
+        self.cfg, self.pack, self.backbone, self.preset, self.device, self.writer = (cfg, pack, backbone, preset,
+                                                                                     device, writer)
+        self.size, self.dtype = cfg.extract.batch_size, np.dtype(cfg.extract.dtype)
+        self.bar = tqdm(total=total, desc="extract", unit="img", disable=not show_progress)
+        self.progress = ProgressLog("extract", total, "image", enabled=progress_lines)
+
+    def maps_of(self, ids: np.ndarray, gen: torch.Generator | None = None) -> np.ndarray:
+        """Backbone maps (float32) of images `ids`, test transform (or the train augmentation drawn from `gen`)."""
+        images = torch.from_numpy(self.pack.read_images(ids)).to(self.device)
+        x = test_transform(images, self.preset) if gen is None else train_augment(images, self.preset, gen)
+        with autocast(self.device, self.cfg.precision):  # params precision; the store keeps float32 (extract.dtype)
+            return self.backbone(image_layout(x, self.cfg.precision)).float().cpu().numpy()
+
+    def advance(self, count: int) -> None:  # the bar (a terminal) and the progress line (logs, dvc repro)
+        self.bar.update(count)
+        self.progress.update(self.bar.n)
+
+    def write_split(self, part: str, ids: np.ndarray, session: np.ndarray | None = None) -> None:
+        """`part`/maps, labels, ids (and the session of each few-shot image)."""
+        for start, chunk in _batches(ids, self.size):
+            self.writer.write(f"{part}/maps", start, self.maps_of(chunk).astype(self.dtype))
+            self.advance(len(chunk))
+        self.writer.write(f"{part}/labels", 0, self.pack.labels[ids])
+        self.writer.write(f"{part}/ids", 0, ids)
+        if session is not None:
+            self.writer.write(f"{part}/session", 0, session)
+
+    def write_views(self, fewshot_ids: np.ndarray, views: int) -> None:
+        """extract.augmented_views seeded train-augmented views of every few-shot image."""
+        for view in range(views):
+            gen = seeded_generator(self.cfg.seed, EXTRACT_VIEW + view, self.device)
+            for start, chunk in _batches(fewshot_ids, self.size):
+                self.writer.write_view(view, start, self.maps_of(chunk, gen).astype(self.dtype))
+                self.advance(len(chunk))
+
+    def base_means(self, base_ids: np.ndarray, base_classes: np.ndarray,
+                   map_shape: tuple[int, ...]) -> tuple[np.ndarray, dict[int, int]]:
+        """Class-mean maps of the base classes, accumulated in float64 (eq. memory), and each class's row."""
+        sums = np.zeros((len(base_classes), *map_shape), dtype=np.float64)
+        counts = np.zeros(len(base_classes), dtype=np.int64)
+        slot = {int(c): i for i, c in enumerate(base_classes)}
+        for _, chunk in _batches(base_ids, self.size):
+            rows = np.array([slot[int(c)] for c in self.pack.labels[chunk]])
+            np.add.at(sums, rows, self.maps_of(chunk))
+            np.add.at(counts, rows, 1)
+            self.advance(len(chunk))
+        self.bar.close()
+        return (sums / counts[:, None, None, None]).astype(np.float32), slot
+
+    def write_memory(self, means: np.ndarray, base_classes: np.ndarray, memory_ids: np.ndarray | None) -> None:
+        """The base classes' memory: their means (eq. memory) or the rows the random / sampled rule drew."""
+        self.writer.write("memory/base_means", 0, means)
+        self.writer.write("memory/base_classes", 0, base_classes.astype(np.int64))
+        if memory_ids is None:
+            self.writer.write("memory/base_maps", 0, means)
+            self.writer.write("memory/base_map_classes", 0, base_classes.astype(np.int64))
+            return
+        for start, chunk in _batches(memory_ids, self.size):
+            self.writer.write("memory/base_maps", start, self.maps_of(chunk))
+        self.writer.write("memory/base_map_classes", 0, self.pack.labels[memory_ids].astype(np.int64))
+
+    def write_deviations(self, deviation_ids: np.ndarray, means: np.ndarray, slot: dict[int, int]) -> None:
+        """extract.deviations base maps per class, each minus its own class's mean (ours)."""
+        for start, chunk in _batches(deviation_ids, self.size):
+            self.writer.write("memory/base_deviations", start,
+                              self.maps_of(chunk) - means[[slot[int(c)] for c in self.pack.labels[chunk]]])
+        if len(deviation_ids):
+            self.writer.write("memory/base_deviation_classes", 0, self.pack.labels[deviation_ids].astype(np.int64))
+
+
 @torch.no_grad()
 def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_progress: bool = True,
                      progress_lines: bool = True) -> dict:
@@ -48,8 +123,8 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
         fewshot_ids = np.concatenate([s.train_ids for s in protocol.sessions[1:]]).astype(np.int64)
         fewshot_session = np.concatenate([np.full(len(s.train_ids), s.index) for s in protocol.sessions[1:]])
         base_ids = np.asarray(protocol.sessions[0].train_ids)
-        hw = backbone.feature_hw(preset.input_size)
-        map_shape = (backbone.out_channels, *hw)
+        base_classes = np.asarray(protocol.sessions[0].classes)
+        map_shape = (backbone.out_channels, *backbone.feature_hw(preset.input_size))
         views = cfg.extract.augmented_views
         kind, k = cfg.extract.memory_rule
         # the base classes' memory rows (random / sampled rules), drawn before anything is written
@@ -66,63 +141,14 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
                    "memory": kind, "memory_k": k, "deviations": cfg.extract.deviations},
             memory_rows=None if memory_ids is None else len(memory_ids), deviation_rows=len(deviation_ids),
         )
-        size = cfg.extract.batch_size
-        np_dtype = np.dtype(cfg.extract.dtype)
-
-        def maps_of(ids: np.ndarray, gen: torch.Generator | None = None) -> np.ndarray:
-            images = torch.from_numpy(pack.read_images(ids)).to(device)
-            x = test_transform(images, preset) if gen is None else train_augment(images, preset, gen)
-            with autocast(device, cfg.precision):  # params precision; the store keeps float32 (or extract.dtype)
-                return backbone(image_layout(x, cfg.precision)).float().cpu().numpy()
-
         total = len(test_ids) + len(fewshot_ids) * (1 + views) + len(base_ids)
-        bar = tqdm(total=total, desc="extract", unit="img", disable=not show_progress)
-        progress = ProgressLog("extract", total, "image", enabled=progress_lines)
-
-        def advance(count: int) -> None:  # the bar (a terminal) and the progress line (logs, dvc repro)
-            bar.update(count)
-            progress.update(bar.n)
-
-        for part, ids, extra in (("test", test_ids, None), ("fewshot", fewshot_ids, fewshot_session)):
-            for start, chunk in _batches(ids, size):
-                writer.write(f"{part}/maps", start, maps_of(chunk).astype(np_dtype))
-                advance(len(chunk))
-            writer.write(f"{part}/labels", 0, pack.labels[ids])
-            writer.write(f"{part}/ids", 0, ids)
-            if extra is not None:
-                writer.write(f"{part}/session", 0, extra)
-        for view in range(views):
-            gen = seeded_generator(cfg.seed, EXTRACT_VIEW + view, device)
-            for start, chunk in _batches(fewshot_ids, size):
-                writer.write_view(view, start, maps_of(chunk, gen).astype(np_dtype))
-                advance(len(chunk))
-        # class-mean maps of the base classes, accumulated in float64 (eq. memory)
-        base_classes = np.asarray(protocol.sessions[0].classes)
-        sums = np.zeros((len(base_classes), *map_shape), dtype=np.float64)
-        counts = np.zeros(len(base_classes), dtype=np.int64)
-        slot = {int(c): i for i, c in enumerate(base_classes)}
-        for _, chunk in _batches(base_ids, size):
-            maps = maps_of(chunk)
-            rows = np.array([slot[int(c)] for c in pack.labels[chunk]])
-            np.add.at(sums, rows, maps)
-            np.add.at(counts, rows, 1)
-            advance(len(chunk))
-        bar.close()
-        means = (sums / counts[:, None, None, None]).astype(np.float32)
-        writer.write("memory/base_means", 0, means)
-        writer.write("memory/base_classes", 0, base_classes.astype(np.int64))
-        if memory_ids is None:  # eq. memory: the class means
-            writer.write("memory/base_maps", 0, means)
-            writer.write("memory/base_map_classes", 0, base_classes.astype(np.int64))
-        else:
-            for start, chunk in _batches(memory_ids, size):
-                writer.write("memory/base_maps", start, maps_of(chunk))
-            writer.write("memory/base_map_classes", 0, pack.labels[memory_ids].astype(np.int64))
-        for start, chunk in _batches(deviation_ids, size):  # each map minus its own class's mean
-            writer.write("memory/base_deviations", start,
-                         maps_of(chunk) - means[[slot[int(c)] for c in pack.labels[chunk]]])
-        if len(deviation_ids):
-            writer.write("memory/base_deviation_classes", 0, pack.labels[deviation_ids].astype(np.int64))
+        run = Extractor(cfg, pack, backbone, preset, device, writer, total, show_progress, progress_lines)
+        run.write_split("test", test_ids)
+        run.write_split("fewshot", fewshot_ids, fewshot_session)
+        run.write_views(fewshot_ids, views)
+        means, slot = run.base_means(base_ids, base_classes, map_shape)
+        run.write_memory(means, base_classes, memory_ids)
+        run.write_deviations(deviation_ids, means, slot)
         writer.finish()
     return {"test": int(len(test_ids)), "fewshot": int(len(fewshot_ids)), "augmented_views": views, "memory": kind,
             "base_classes": int(len(base_classes)), "map_shape": list(map_shape), "checkpoint_sha256": ckpt_sha,
