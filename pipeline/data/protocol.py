@@ -45,6 +45,40 @@ class Session:
     __hash__ = None  # arrays are mutable-typed; sessions are compared, not hashed
 
 
+def _check_session(s, labels: np.ndarray, first_class: int, earlier_ids: set[int], ways: int | None,
+                   shots: int | None, name) -> None:
+    """One session of `FSCILProtocol.validate`: the next contiguous class ids, training samples within the labels,
+    listed once, not an earlier session's, each of the session's classes, every class trained, and an incremental
+    session's `ways` x `shots` when given."""
+    n, where, ids = len(labels), f"protocol: session {s.index}", s.train_ids
+    if len(s.classes) == 0:
+        raise FSCILError(f"{where} has no classes")
+    want = np.arange(first_class, first_class + len(s.classes))
+    if not np.array_equal(np.sort(s.classes), want):
+        raise FSCILError(f"{where} classes must be the next contiguous ids {want[0]}..{want[-1]}")
+    if len(ids) == 0:
+        raise FSCILError(f"{where} has no training samples")
+    if ids.min() < 0 or ids.max() >= n:
+        raise FSCILError(f"{where} references sample ids outside 0..{n - 1}")
+    if len(np.unique(ids)) != len(ids):
+        raise FSCILError(f"{where} lists a training sample twice")
+    overlap = earlier_ids.intersection(ids.tolist())
+    if overlap:
+        raise FSCILError(f"{where} reuses training sample {min(overlap)} of an earlier session")
+    stray = ~np.isin(labels[ids], s.classes)
+    if stray.any():
+        i = int(ids[np.argmax(stray)])
+        raise FSCILError(f"{where}: sample {i} has class {labels[i]}, not one of the session's classes")
+    counts = np.bincount(labels[ids] - s.classes.min(), minlength=len(s.classes))
+    if (counts == 0).any():
+        raise FSCILError(f"{where}: class {name(int(s.classes.min() + np.argmin(counts)))} has no training sample")
+    if s.index > 0:
+        if ways is not None and len(s.classes) != ways:
+            raise FSCILError(f"{where} has {len(s.classes)} classes, expected {ways}")
+        if shots is not None and not (counts == shots).all():
+            raise FSCILError(f"{where} has {counts.min()}..{counts.max()} samples per class, expected {shots}")
+
+
 @dataclass(frozen=True, eq=False)
 class FSCILProtocol:
     """Sessions (0 = base) plus the ids of all test samples of all classes.
@@ -160,8 +194,7 @@ class FSCILProtocol:
         `shots` samples each (when given); every class has >= 1 test sample; train and test disjoint.
         """
         labels = np.asarray(labels, dtype=np.int64)
-        n = len(labels)
-        if n and labels.min() < 0:
+        if len(labels) and labels.min() < 0:
             raise FSCILError("protocol: negative class label")
 
         def name(c: int) -> str:
@@ -170,43 +203,19 @@ class FSCILProtocol:
         expected_next = 0
         seen_ids: set[int] = set()
         for s in self.sessions:
-            where = f"protocol: session {s.index}"
-            if len(s.classes) == 0:
-                raise FSCILError(f"{where} has no classes")
-            want = np.arange(expected_next, expected_next + len(s.classes))
-            if not np.array_equal(np.sort(s.classes), want):
-                raise FSCILError(f"{where} classes must be the next contiguous ids {want[0]}..{want[-1]}")
+            _check_session(s, labels, expected_next, seen_ids, ways, shots, name)
             expected_next += len(s.classes)
-            ids = s.train_ids
-            if len(ids) == 0:
-                raise FSCILError(f"{where} has no training samples")
-            if ids.min() < 0 or ids.max() >= n:
-                raise FSCILError(f"{where} references sample ids outside 0..{n - 1}")
-            if len(np.unique(ids)) != len(ids):
-                raise FSCILError(f"{where} lists a training sample twice")
-            overlap = seen_ids.intersection(ids.tolist())
-            if overlap:
-                raise FSCILError(f"{where} reuses training sample {min(overlap)} of an earlier session")
-            seen_ids.update(ids.tolist())
-            stray = ~np.isin(labels[ids], s.classes)
-            if stray.any():
-                i = int(ids[np.argmax(stray)])
-                raise FSCILError(f"{where}: sample {i} has class {labels[i]}, not one of the session's classes")
-            counts = np.bincount(labels[ids] - s.classes.min(), minlength=len(s.classes))
-            if (counts == 0).any():
-                empty = int(s.classes.min() + np.argmin(counts))
-                raise FSCILError(f"{where}: class {name(empty)} has no training sample")
-            if s.index > 0:
-                if ways is not None and len(s.classes) != ways:
-                    raise FSCILError(f"{where} has {len(s.classes)} classes, expected {ways}")
-                if shots is not None and not (counts == shots).all():
-                    raise FSCILError(f"{where} has {counts.min()}..{counts.max()} samples per class, expected {shots}")
-        test = self.test_ids
+            seen_ids.update(s.train_ids.tolist())
+        self._check_test(labels, seen_ids, name)
+
+    def _check_test(self, labels: np.ndarray, train_ids: set[int], name) -> None:
+        """Test ids within the labels, listed once, none a training sample, every class with a test image."""
+        n, test = len(labels), self.test_ids
         if len(test) and (test.min() < 0 or test.max() >= n):
             raise FSCILError(f"protocol: test ids outside 0..{n - 1}")
         if len(np.unique(test)) != len(test):
             raise FSCILError("protocol: a test sample is listed twice")
-        both = seen_ids.intersection(test.tolist())
+        both = train_ids.intersection(test.tolist())
         if both:
             raise FSCILError(f"protocol: sample {min(both)} is both a training and a test sample")
         test_counts = np.bincount(labels[test], minlength=self.num_classes)[: self.num_classes]

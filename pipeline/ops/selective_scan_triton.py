@@ -92,6 +92,92 @@ def _scan_fwd_kernel(
 
 
 @triton.jit
+def _replay(u_ptr, dt_ptr, B_ptr, A, bias, row, bc, start, stop, h, mask_d, mask_n,
+            HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr):
+    """h after steps start .. stop - 1 of the recurrence, from h before step `start`."""
+    for s in range(start, stop):
+        u_s, dt_s, raw_s = _step_inputs(u_ptr, dt_ptr, bias, row, s, mask_d, HAS_BIAS, SOFTPLUS)
+        B_s = tl.load(B_ptr + bc + s, mask=mask_n, other=0.0).to(tl.float32)
+        h = tl.exp(dt_s[:, None] * A) * h + (dt_s * u_s)[:, None] * B_s[None, :]
+    return h
+
+
+@triton.jit
+def _bwd_forward(u_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, gout_ptr, dz_ptr, gy_ptr, ckpt_ptr, dC_ptr,
+                 A, bias, Dv, row, bc, share, ckpt, dD_acc, d, L, n, mask_d, mask_n, mask_dn,
+                 HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_N: tl.constexpr, CHUNK_L: tl.constexpr):
+    """Backward, part 1, one batch element: the recurrence forward again, writing the gradient of the pre-gate
+    output, the gate's gradient, this block's share of dC_t = sum_d dy_t h_t, and h every CHUNK_L steps; returns
+    dD_acc plus this element's sum of dy * u."""
+    h = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
+    for t in range(L):
+        u_t, dt_t, raw = _step_inputs(u_ptr, dt_ptr, bias, row, t, mask_d, HAS_BIAS, SOFTPLUS)
+        B_t = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
+        C_t = tl.load(C_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
+        h = tl.exp(dt_t[:, None] * A) * h + (dt_t * u_t)[:, None] * B_t[None, :]
+        gy = tl.load(gout_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
+        if HAS_Z:
+            y = tl.sum(h * C_t[None, :], axis=1) + Dv * u_t
+            z_t = tl.load(z_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
+            sig = tl.sigmoid(z_t)
+            # d silu(z)/dz = sig (1 + z (1 - sig))
+            dz = gy * y * sig * (1.0 + z_t * (1.0 - sig))
+            tl.store(dz_ptr + row + t, dz.to(dz_ptr.dtype.element_ty), mask=mask_d)
+            gy = gy * z_t * sig
+        tl.store(gy_ptr + row + t, gy, mask=mask_d)
+        dD_acc += gy * u_t
+        tl.store(dC_ptr + share + t, tl.sum(gy[:, None] * h, axis=0), mask=mask_n)
+        if (t + 1) % CHUNK_L == 0:
+            if t + 1 < L:
+                tl.store(ckpt_ptr + ckpt + ((t + 1) // CHUNK_L - 1) * d * n, h, mask=mask_dn)
+    return dD_acc
+
+
+@triton.jit
+def _bwd_reverse(u_ptr, dt_ptr, B_ptr, C_ptr, gy_ptr, ckpt_ptr, du_ptr, ddt_ptr, dB_ptr,
+                 A, bias, Dv, row, bc, share, ckpt, dA_acc, dbias_acc, d, L, n, mask_d, mask_n, mask_dn,
+                 HAS_BIAS: tl.constexpr, SOFTPLUS: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                 CHUNK_L: tl.constexpr):
+    """Backward, part 2, one batch element: backward in time, chunk by chunk, dh_t = C_t dy_t + exp(dt_{t+1} A)
+    dh_{t+1}, h_{t-1} re-derived from the chunk's checkpoint; writes du, ddelta and this block's share of dB_t;
+    returns dA_acc and dbias_acc plus this element's sums."""
+    dh = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
+    decay_next = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)  # exp(dt_{t+1} A); dh_{l} = 0
+    n_chunks = tl.cdiv(L, CHUNK_L)
+    for cr in range(n_chunks):
+        c = n_chunks - 1 - cr
+        start = c * CHUNK_L
+        end = tl.minimum(start + CHUNK_L, L)
+        for tr in range(end - start):
+            t = end - 1 - tr
+            u_t, dt_t, raw = _step_inputs(u_ptr, dt_ptr, bias, row, t, mask_d, HAS_BIAS, SOFTPLUS)
+            B_t = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
+            C_t = tl.load(C_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
+            gy = tl.load(gy_ptr + row + t, mask=mask_d, other=0.0)
+            dh = decay_next * dh + gy[:, None] * C_t[None, :]
+            h_prev = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
+            if c > 0:
+                h_prev = tl.load(ckpt_ptr + ckpt + (c - 1) * d * n, mask=mask_dn, other=0.0)
+            h_prev = _replay(u_ptr, dt_ptr, B_ptr, A, bias, row, bc, start, t, h_prev, mask_d, mask_n, HAS_BIAS,
+                             SOFTPLUS)
+            decay = tl.exp(dt_t[:, None] * A)
+            grad_dtu = tl.sum(dh * B_t[None, :], axis=1)  # d loss / d (dt_t u_t)
+            ds = dh * h_prev * decay  # d loss / d (dt_t A)
+            dA_acc += ds * dt_t[:, None]
+            grad_dt = grad_dtu * u_t + tl.sum(ds * A, axis=1)
+            grad_u = grad_dtu * dt_t + gy * Dv
+            if SOFTPLUS:
+                grad_dt = grad_dt * tl.sigmoid(raw)
+            dbias_acc += grad_dt
+            tl.store(du_ptr + row + t, grad_u.to(du_ptr.dtype.element_ty), mask=mask_d)
+            tl.store(ddt_ptr + row + t, grad_dt.to(ddt_ptr.dtype.element_ty), mask=mask_d)
+            tl.store(dB_ptr + share + t, tl.sum(dh * (dt_t * u_t)[:, None], axis=0), mask=mask_n)
+            decay_next = decay
+    return dA_acc, dbias_acc
+
+
+@triton.jit
 def _scan_bwd_kernel(
     u_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, gout_ptr,
     du_ptr, ddt_ptr, dz_ptr, gy_ptr, ckpt_ptr, dB_ptr, dC_ptr, dA_ptr, dD_ptr, dbias_ptr,
@@ -119,69 +205,17 @@ def _scan_bwd_kernel(
     dA_acc = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
     dD_acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     dbias_acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    b_end = tl.minimum(pid_c * BATCH + BATCH, b)
-    for pid_b in range(pid_c * BATCH, b_end):
+    for pid_b in range(pid_c * BATCH, tl.minimum(pid_c * BATCH + BATCH, b)):
         row = pid_b * d * L + offs_d * L
         bc = (pid_b * g + group) * n * L + offs_n * L
         share = (pid_b * n_dblocks + pid_d) * n * L + offs_n * L  # dB, dC shares: (b, d / BLOCK_D, n, l)
         ckpt = pid_b * n_ckpt * d * n + tile
-        # 1. forward again: gradient of the pre-gate output, the gate's gradient, dC shares, checkpoints
-        h = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
-        for t in range(L):
-            u_t, dt_t, raw = _step_inputs(u_ptr, dt_ptr, bias, row, t, mask_d, HAS_BIAS, SOFTPLUS)
-            B_t = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
-            C_t = tl.load(C_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
-            h = tl.exp(dt_t[:, None] * A) * h + (dt_t * u_t)[:, None] * B_t[None, :]
-            gy = tl.load(gout_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-            if HAS_Z:
-                y = tl.sum(h * C_t[None, :], axis=1) + Dv * u_t
-                z_t = tl.load(z_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
-                sig = tl.sigmoid(z_t)
-                # d silu(z)/dz = sig (1 + z (1 - sig))
-                dz = gy * y * sig * (1.0 + z_t * (1.0 - sig))
-                tl.store(dz_ptr + row + t, dz.to(dz_ptr.dtype.element_ty), mask=mask_d)
-                gy = gy * z_t * sig
-            tl.store(gy_ptr + row + t, gy, mask=mask_d)
-            dD_acc += gy * u_t
-            tl.store(dC_ptr + share + t, tl.sum(gy[:, None] * h, axis=0), mask=mask_n)
-            if (t + 1) % CHUNK_L == 0:
-                if t + 1 < L:
-                    tl.store(ckpt_ptr + ckpt + ((t + 1) // CHUNK_L - 1) * d * n, h, mask=mask_dn)
-        # 2. backward in time, chunk by chunk, h_{t-1} re-derived from the chunk's checkpoint
-        dh = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
-        decay_next = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)  # exp(dt_{t+1} A); dh_{l} = 0
-        n_chunks = tl.cdiv(L, CHUNK_L)
-        for cr in range(n_chunks):
-            c = n_chunks - 1 - cr
-            start = c * CHUNK_L
-            end = tl.minimum(start + CHUNK_L, L)
-            for tr in range(end - start):
-                t = end - 1 - tr
-                u_t, dt_t, raw = _step_inputs(u_ptr, dt_ptr, bias, row, t, mask_d, HAS_BIAS, SOFTPLUS)
-                B_t = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
-                C_t = tl.load(C_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
-                gy = tl.load(gy_ptr + row + t, mask=mask_d, other=0.0)
-                dh = decay_next * dh + gy[:, None] * C_t[None, :]
-                h_prev = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
-                if c > 0:
-                    h_prev = tl.load(ckpt_ptr + ckpt + (c - 1) * d * n, mask=mask_dn, other=0.0)
-                for s in range(start, t):
-                    u_s, dt_s, raw_s = _step_inputs(u_ptr, dt_ptr, bias, row, s, mask_d, HAS_BIAS, SOFTPLUS)
-                    B_s = tl.load(B_ptr + bc + s, mask=mask_n, other=0.0).to(tl.float32)
-                    h_prev = tl.exp(dt_s[:, None] * A) * h_prev + (dt_s * u_s)[:, None] * B_s[None, :]
-                decay = tl.exp(dt_t[:, None] * A)
-                grad_dtu = tl.sum(dh * B_t[None, :], axis=1)  # d loss / d (dt_t u_t)
-                ds = dh * h_prev * decay  # d loss / d (dt_t A)
-                dA_acc += ds * dt_t[:, None]
-                grad_dt = grad_dtu * u_t + tl.sum(ds * A, axis=1)
-                grad_u = grad_dtu * dt_t + gy * Dv
-                if SOFTPLUS:
-                    grad_dt = grad_dt * tl.sigmoid(raw)
-                dbias_acc += grad_dt
-                tl.store(du_ptr + row + t, grad_u.to(du_ptr.dtype.element_ty), mask=mask_d)
-                tl.store(ddt_ptr + row + t, grad_dt.to(ddt_ptr.dtype.element_ty), mask=mask_d)
-                tl.store(dB_ptr + share + t, tl.sum(dh * (dt_t * u_t)[:, None], axis=0), mask=mask_n)
-                decay_next = decay
+        dD_acc = _bwd_forward(u_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, gout_ptr, dz_ptr, gy_ptr, ckpt_ptr, dC_ptr,
+                              A, bias, Dv, row, bc, share, ckpt, dD_acc, d, L, n, mask_d, mask_n, mask_dn,
+                              HAS_Z, HAS_BIAS, SOFTPLUS, BLOCK_D, BLOCK_N, CHUNK_L)
+        dA_acc, dbias_acc = _bwd_reverse(u_ptr, dt_ptr, B_ptr, C_ptr, gy_ptr, ckpt_ptr, du_ptr, ddt_ptr, dB_ptr,
+                                         A, bias, Dv, row, bc, share, ckpt, dA_acc, dbias_acc, d, L, n, mask_d,
+                                         mask_n, mask_dn, HAS_BIAS, SOFTPLUS, BLOCK_D, BLOCK_N, CHUNK_L)
     partial = pid_c * d
     tl.store(dA_ptr + partial * n + tile, dA_acc, mask=mask_dn)
     tl.store(dD_ptr + partial + offs_d, dD_acc, mask=mask_d)
