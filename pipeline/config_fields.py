@@ -14,15 +14,6 @@ from typing import Any, ClassVar
 
 from pipeline.errors import FSCILError
 
-NEUTRAL = "digest_neutral"
-
-
-def added_field(neutral: Any) -> Any:
-    """A field added after configs were first hashed, defaulting to `neutral`: the value that behaves as before it
-    existed. At that value it is left out of the config's digests (`SectionConfig.digest_values`), so base models,
-    session checkpoints and cached selection / study runs made before it stay valid."""
-    return dataclasses.field(default=neutral, metadata={NEUTRAL: neutral})
-
 
 def fail(section: str, key: str, why: str) -> typing.NoReturn:
     raise FSCILError(f"params: {section + '.' if section else ''}{key} {why}")
@@ -86,13 +77,8 @@ class SectionConfig:
         return cls(**values)
 
     def digest_values(self) -> dict[str, Any]:
-        """The section's values as config digests hash them: every field but an `added_field` at its neutral
-        value."""
-        values = dataclasses.asdict(self)
-        for f in dataclasses.fields(self):
-            if NEUTRAL in f.metadata and values[f.name] == f.metadata[NEUTRAL]:
-                del values[f.name]
-        return values
+        """The section's values as config digests hash them: every field (a new key changes every digest once)."""
+        return dataclasses.asdict(self)
 
     def check_types(self) -> None:
         hints = typing.get_type_hints(type(self))

@@ -9,7 +9,7 @@ import typing
 from dataclasses import dataclass, field
 
 from pipeline import names
-from pipeline.config_fields import SectionConfig, added_field, check, fail
+from pipeline.config_fields import SectionConfig, check, fail
 from pipeline.data.cec_splits import BENCHMARKS
 from pipeline.data.checksums import digest_algorithm
 from pipeline.data.presets import PRESETS
@@ -70,7 +70,7 @@ class DataConfig(SectionConfig):
     """synthetic: test images per class."""
     seed: int = 0
     """Seed of the synthetic images and of generated protocols."""
-    novel_shapes: int = added_field(0)
+    novel_shapes: int = 0
     """synthetic: 0 (the default benchmark: every class a combination of the six base shape families, colour and
     texture), or 1-4: the incremental classes take that many shape families no base class has (the base classes and
     base images stay those of 0); each family gives 18 classes."""
@@ -156,7 +156,7 @@ class ModelConfig(SectionConfig):
     """p_mlp depth: 2 or 3."""
     out_norm: bool = False
     """LayerNorm on the merged scan output before gating (the authors' code; the paper has none)."""
-    iden_linear: bool = added_field(False)
+    iden_linear: bool = False
     """When C == D': p_iden a trained Linear(C -> D', no bias) starting from the identity (ours; the paper's eq.
     mu_iden_0 is a linear map, the authors' code uses the identity at C == D'); false: the identity."""
     classifier: str = "etf"
@@ -222,7 +222,7 @@ class BaseConfig(SectionConfig):
     checkpoint_every: int = 1
     """Write a resumable checkpoint every this many epochs."""
     eval_batch_size: int = 256
-    backbone_ce: float = added_field(0.0)
+    backbone_ce: float = 0.0
     """Weight of an auxiliary cross-entropy loss on a linear head over the backbone's pooled map, added to the DR
     loss during base training and discarded after it (ours; 0: off, the paper's base training). What it is for: the
     class means of a cross-entropy-trained backbone were the strongest simple baseline on both benchmarks (README)."""
@@ -258,7 +258,7 @@ class ExtractConfig(SectionConfig):
     paper), random (one of its training maps) or sampled (memory_k of them). The sessions follow the store's rule."""
     memory_k: int = 4
     """Maps kept per class by memory=sampled."""
-    deviations: int = added_field(0)
+    deviations: int = 0
     """Base training maps per class (drawn, seeded) whose difference from their class mean the store keeps
     (memory/base_deviations): the base classes' within-class spread, which incremental.deviation_prob lends to the
     shots (ours; 0: none)."""
@@ -312,21 +312,21 @@ class IncrementalConfig(SectionConfig):
     """What the suppression loss acts on: z (the paper), silu_z, mu_inc."""
     freeze_base: bool = True
     """Freeze p_iden and g_base after the base session (the paper); false: they train in every session too."""
-    base_lr_scale: float = added_field(1.0)
+    base_lr_scale: float = 1.0
     """With freeze_base false: the learning-rate multiplier of the parts freeze_base would freeze (p_iden, g_base)
     in the sessions (ours, between the paper's frozen parts and training them at the session lr)."""
     inc_init: str = "random"
     """How g_inc starts in session 1: random (its own fresh initialisation) or base (a copy of the trained g_base with
     the gate p_z zeroed). Either way mu_inc = 0 when session 1 starts (appendix "Initialization of the Incremental
     Branch")."""
-    vertex_match: bool = added_field(False)
+    vertex_match: bool = False
     """Give each session's new classes the free ETF vertices their shots' features already point to (an exact
     assignment, fixed from then on) instead of the next ones in class order (ours; false: the paper's order)."""
     mixup_ratio: float = 0.5
     """Feature-mixup ratio."""
     mixup_prob: float = 0.0
     """Feature-mixup probability per batch (0: off)."""
-    deviation_prob: float = added_field(0.0)
+    deviation_prob: float = 0.0
     """Probability that a novel-group row of a batch (a shot, or a replayed earlier novel row) is trained with a
     random base deviation added (a base training map minus its class mean, extract.deviations): five shots show
     little of how a class varies, the base classes show it with every image (ours; 0: off)."""

@@ -82,3 +82,14 @@ def test_the_config_imports_no_model_loss_store_training_or_kernel_code():
     assert "torch" not in loaded
     assert not [m for m in loaded if m.startswith(("pipeline.models", "pipeline.losses", "pipeline.store",
                                                    "pipeline.training", "pipeline.ops", "pipeline.research"))]
+
+
+def test_no_function_in_the_library_runs_over_60_lines():
+    """Trainers read as named steps (data -> steps -> evaluation -> write), not as one long body."""
+    long = []
+    for path in sorted((REPO / "pipeline").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} "
+                            f"({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []
