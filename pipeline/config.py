@@ -50,10 +50,15 @@ from pipeline.precision import PRECISIONS
 @dataclass
 class Config:
     preset: str
+    """The preset: benchmark, widths and schedule (pipeline/presets; `fscil list`)."""
     seed: int
+    """Seed of the data split (synthetic), the initialisation and every random draw."""
     device: str
+    """auto (CUDA when there is one), cpu, cuda or cuda:N."""
     threads: int
+    """CPU intra-op threads (CPU results depend on it)."""
     variant: str | None
+    """The method on top of the preset (pipeline/variants; null: the preset's values alone)."""
     data: DataConfig
     model: ModelConfig
     base: BaseConfig

@@ -195,7 +195,9 @@ class BaseConfig(SectionConfig):
     """Backbone learning-rate multiplier (CUB: 0.1; 0: the backbone keeps its initial or `model.pretrained` weights,
     while its BatchNorm statistics still follow the training batches unless `precise_bn` measures them)."""
     momentum: float = 0.9
+    """SGD momentum."""
     weight_decay: float = 5e-4
+    """SGD weight decay."""
     warmup_steps: int = 100
     """Linear warm-up steps before the cosine schedule."""
     min_lr_ratio: float = 0.0
@@ -222,6 +224,7 @@ class BaseConfig(SectionConfig):
     checkpoint_every: int = 1
     """Write a resumable checkpoint every this many epochs."""
     eval_batch_size: int = 256
+    """Batch size of the base-class test evaluation and precise BatchNorm (no effect on results)."""
     backbone_ce: float = 0.0
     """Weight of an auxiliary cross-entropy loss on a linear head over the backbone's pooled map, added to the DR
     loss during base training and discarded after it (ours; 0: off, the paper's base training). What it is for: the
@@ -286,13 +289,17 @@ class IncrementalConfig(SectionConfig):
     steps: list[int] = field(default_factory=lambda: [200])
     """Training steps per session: one value for all sessions, or one per session."""
     lr: float = 0.25
+    """Peak SGD learning rate of a session (a fresh SGD each session)."""
     batch_size: int = 64
     """Global batch size (shuffled, drop_last, cycled for `steps`)."""
     momentum: float = 0.9
+    """SGD momentum."""
     weight_decay: float = 5e-4
+    """SGD weight decay."""
     warmup_steps: int = 5
     """Linear warm-up from warmup_ratio * lr."""
     warmup_ratio: float = 0.1
+    """Where the warm-up starts, as a fraction of lr."""
     min_lr_ratio: float = 0.01
     """Cosine schedule ends at min_lr_ratio * lr."""
     copy: int = 1
@@ -336,6 +343,7 @@ class IncrementalConfig(SectionConfig):
     """Clip the norm of the session's whole gradient (every trainable projector and classifier parameter) to this
     value each step (null: no clipping, the paper's setting)."""
     eval_batch_size: int = 512
+    """Batch size of evaluation and of the once-per-session frozen outputs (no effect on results)."""
 
     def __post_init__(self):
         self.check_types()

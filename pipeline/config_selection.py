@@ -23,6 +23,15 @@ SCHEDULE_SELECTION_KEYS = (("incremental", "lr"), ("incremental", "base_lr_scale
                            ("incremental", "deviation_prob"), ("extract", "augmented_views"), ("extract", "memory"),
                            ("extract", "memory_k"), ("incremental", "replay"), ("incremental", "copy"),
                            ("incremental", "base_copy"))
+# the architecture and loss-weight keys of its later stages (selection field -> run key)
+ARCHITECTURE_SELECTION_KEYS = {"freeze_base": "incremental.freeze_base", "suppression": "incremental.suppression",
+                               "k_paths": "model.k_paths", "iden_linear": "model.iden_linear",
+                               "out_norm": "model.out_norm", "inc_init": "incremental.inc_init",
+                               "vertex_match": "incremental.vertex_match", "lambda1": "incremental.lambda1",
+                               "lambda2": "incremental.lambda2", "lambda3": "incremental.lambda3"}
+# every run key `fscil select` can search: selection field (its candidate list) -> run key
+SEARCHABLE = {**{f"base_{key}": f"base.{key}" for key in BASE_SELECTION_KEYS},
+              **{key: f"{section}.{key}" for section, key in SCHEDULE_SELECTION_KEYS}, **ARCHITECTURE_SELECTION_KEYS}
 
 
 @dataclass

@@ -203,6 +203,20 @@ def config_show(params: ParamsOpt = Path("params.yaml"), overrides: SetOpt = Non
         typer.echo(f"{f'{key}: {_value(value)}':<{width}}  # {cfg.origins.get(key, 'default')}")
 
 
+@config_app.command("keys")
+def config_keys(out: Annotated[Path | None, typer.Option(help="Write the table here (docs/keys.md) instead of "
+                                                             "printing it.")] = None) -> None:
+    """Every configuration key: default, the stages that read it, whether `fscil select` searches it, what it does."""
+    from pipeline.atomic import atomic_write_text
+    from pipeline.config_docs import keys_table
+
+    if out is None:
+        typer.echo(keys_table(), nl=False)
+        return
+    atomic_write_text(out, keys_table())
+    typer.echo(f"wrote {out}")
+
+
 def _value(value) -> str:
     import json as _json
 
