@@ -13,7 +13,7 @@ from pipeline.config_fields import SectionConfig, check, fail
 from pipeline.data.cec_splits import BENCHMARKS
 from pipeline.data.checksums import digest_algorithm
 from pipeline.data.presets import PRESETS
-from pipeline.data.synthetic import class_count_error
+from pipeline.data.synthetic import SyntheticSpec, class_count_error
 from pipeline.errors import FSCILError
 
 DATASETS = ("synthetic", "cifar100", "mini_imagenet", "cub200", "class_folder", "omniglot")
@@ -62,15 +62,15 @@ class DataConfig(SectionConfig):
     """class_folder, omniglot: fraction of each class's images held out for testing (at least one)."""
     shuffle_classes: bool = True
     """class_folder, omniglot: seeded class order (else sorted by name) decides which classes are base."""
-    train_per_class: int = 100
+    train_per_class: int = SyntheticSpec.train_per_class
     """synthetic: training images per base class."""
-    novel_pool_per_class: int = 20
+    novel_pool_per_class: int = SyntheticSpec.novel_pool_per_class
     """synthetic: images generated per incremental class, from which `shots` are drawn."""
-    test_per_class: int = 40
+    test_per_class: int = SyntheticSpec.test_per_class
     """synthetic: test images per class."""
     seed: int = 0
     """Seed of the synthetic images and of generated protocols."""
-    novel_shapes: int = 0
+    novel_shapes: int = SyntheticSpec.novel_shapes
     """synthetic: 0 (the default benchmark: every class a combination of the six base shape families, colour and
     texture), or 1-4: the incremental classes take that many shape families no base class has (the base classes and
     base images stay those of 0); each family gives 18 classes."""
