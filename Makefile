@@ -45,7 +45,7 @@ test: kernels
 	$(BIN)/python -m pytest -q -x --durations=15
 
 # on a CUDA machine: the same suite with the stage tests on the GPU, and the kernel tests when mamba-ssm imports
-test-cuda: $(BIN)/fscil
+test-cuda: kernels
 	FSCIL_TEST_DEVICE=cuda $(BIN)/python -m pytest -q --durations=15
 
 lint:

@@ -80,7 +80,7 @@ def test_cost_profile_fast_runs_bf16_and_bad_profile_is_rejected(tmp_path):
 
 
 def test_cost_paper_table_prints_and_writes_the_table(tmp_path, monkeypatch):
-    from pipeline.models import benchmark
+    from pipeline.research import benchmark
 
     monkeypatch.setattr(benchmark, "PAPER_SETTINGS", (("tiny 16x2x2", "synthetic", 16, 2, 2),))
     out = tmp_path / "cost"
