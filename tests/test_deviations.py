@@ -60,10 +60,10 @@ def test_deviation_params_are_checked(tmp_path):
         load_config(write_params(tmp_path / "p.yaml", extract={"deviations": -1}))
     cfg = load_config(write_params(tmp_path / "p.yaml", extract={"deviations": 2}, incremental={"deviation_prob": 0.5}))
     assert (cfg.extract.deviations, cfg.incremental.deviation_prob) == (2, 0.5)
-    # the defaults leave every digest as it was before the keys existed (stored runs stay valid)
+    # every digest hashes them, at their defaults too (a run reads them)
     plain = load_config(write_params(tmp_path / "q.yaml"))
-    assert "deviations" not in plain.to_dict(for_digest=True)["extract"]
-    assert "deviation_prob" not in plain.to_dict(for_digest=True)["incremental"]
+    assert plain.to_dict(for_digest=True)["extract"]["deviations"] == 0
+    assert plain.to_dict(for_digest=True)["incremental"]["deviation_prob"] == 0.0
 
 
 def test_selection_tries_deviation_prob_in_its_schedule_stage(tiny_run, tmp_path):
