@@ -55,6 +55,28 @@ def _step_inputs(u_ptr, dt_ptr, bias, row, t, mask_d, HAS_BIAS: tl.constexpr, SO
 
 
 @triton.jit
+def _channel_block(A_ptr, D_ptr, bias_ptr, pid_d, d, n, g, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A program's channels and states: offsets, masks, the (d, n) tile offsets, its group (BLOCK_D divides d // g:
+    one group per program), and its A tile, delta_bias and D in float32 (zeros when absent)."""
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_d = offs_d < d
+    mask_n = offs_n < n
+    mask_dn = mask_d[:, None] & mask_n[None, :]
+    tile = offs_d[:, None] * n + offs_n[None, :]
+    group = (pid_d * BLOCK_D) // (d // g)
+    A = tl.load(A_ptr + tile, mask=mask_dn, other=0.0).to(tl.float32)
+    bias = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    Dv = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if HAS_D:
+        Dv = tl.load(D_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    return offs_d, offs_n, mask_d, mask_n, mask_dn, tile, group, A, bias, Dv
+
+
+@triton.jit
 def _scan_fwd_kernel(
     u_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, bias_ptr, out_ptr,
     d, L, n, g,
@@ -62,20 +84,8 @@ def _scan_fwd_kernel(
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
-    pid_d = tl.program_id(1)
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_d = offs_d < d
-    mask_n = offs_n < n
-    mask_dn = mask_d[:, None] & mask_n[None, :]
-    group = (pid_d * BLOCK_D) // (d // g)  # BLOCK_D divides d // g: one group per program
-    A = tl.load(A_ptr + offs_d[:, None] * n + offs_n[None, :], mask=mask_dn, other=0.0).to(tl.float32)
-    bias = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    Dv = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if HAS_D:
-        Dv = tl.load(D_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    offs_d, offs_n, mask_d, mask_n, mask_dn, tile, group, A, bias, Dv = _channel_block(
+        A_ptr, D_ptr, bias_ptr, tl.program_id(1), d, n, g, HAS_D, HAS_BIAS, BLOCK_D, BLOCK_N)
     row = pid_b * d * L + offs_d * L
     bc = (pid_b * g + group) * n * L + offs_n * L
     h = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
@@ -188,20 +198,8 @@ def _scan_bwd_kernel(
     pid_c = tl.program_id(0)
     pid_d = tl.program_id(1)
     n_dblocks = tl.num_programs(1)
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_d = offs_d < d
-    mask_n = offs_n < n
-    mask_dn = mask_d[:, None] & mask_n[None, :]
-    tile = offs_d[:, None] * n + offs_n[None, :]
-    group = (pid_d * BLOCK_D) // (d // g)
-    A = tl.load(A_ptr + tile, mask=mask_dn, other=0.0).to(tl.float32)
-    bias = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    Dv = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if HAS_D:
-        Dv = tl.load(D_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    offs_d, offs_n, mask_d, mask_n, mask_dn, tile, group, A, bias, Dv = _channel_block(
+        A_ptr, D_ptr, bias_ptr, pid_d, d, n, g, HAS_D, HAS_BIAS, BLOCK_D, BLOCK_N)
     dA_acc = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
     dD_acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     dbias_acc = tl.zeros([BLOCK_D], dtype=tl.float32)
