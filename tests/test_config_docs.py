@@ -7,12 +7,14 @@ import dataclasses
 import typing
 from pathlib import Path
 
+import pytest
 import yaml
 
 from pipeline import config_layers, config_sections
 from pipeline.config import STAGE_KEYS, build_config, run_values
 from pipeline.config_docs import field_docs, keys_table
-from pipeline.config_selection import SEARCHABLE, SelectionConfig
+from pipeline.config_selection import SEARCH, SEARCHABLE, SelectionConfig
+from pipeline.errors import FSCILError
 from pipeline.research.selection import selection_order
 from tests.pipeline_fixtures import cli
 
@@ -71,3 +73,29 @@ def test_searchable_keys_are_the_keys_select_runs():
         filled[name] = [getattr(getattr(defaults, section), field)]
     order = selection_order(dataclasses.replace(SelectionConfig(), **filled))
     assert {key for _, key, _, _ in order} == set(SEARCHABLE.values())
+
+
+def test_each_searched_key_gets_a_typed_candidate_list_checked_by_its_section():
+    """SEARCH alone makes selection.<name>: a list of the run key's type, the paper's candidates as default, every
+    candidate checked by the rule of the key's own section (the message names both keys), and the table's row."""
+    hints = typing.get_type_hints(SelectionConfig)
+    defaults = SelectionConfig()
+    table = keys_table()
+    for s in SEARCH:
+        section, key = s.key.split(".")
+        assert hints[s.name] == list[typing.get_type_hints(config_sections.RUN_SECTION_TYPES[section])[key]]
+        assert getattr(defaults, s.name) == list(s.paper or [])
+        assert f"`selection.{s.name}` ({s.stage}" in next(line for line in table.splitlines()
+                                                          if line.startswith(f"| `{s.key}` |"))
+    for name, bad, needles in (("k_paths", 3, ("model.k_paths", "1, 2 or 4")),
+                               ("inc_init", "x", ("incremental.inc_init",)),
+                               ("base_mix_prob", 1.5, ("base.mix_prob",)),
+                               ("memory_k", 0, ("extract.memory_k",))):
+        with pytest.raises(FSCILError) as err:
+            SelectionConfig(**{name: [bad]})
+        assert str(err.value).startswith(f"params: selection.{name} lists {bad!r}: ")
+        assert all(needle in str(err.value) for needle in needles), str(err.value)
+    with pytest.raises(FSCILError, match="selection.lambda1 must list at least one candidate"):
+        SelectionConfig(lambda1=[])
+    with pytest.raises(FSCILError, match="selection.replay lists a candidate twice"):
+        SelectionConfig(replay=["mean", "mean"])

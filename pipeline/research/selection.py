@@ -40,7 +40,7 @@ import yaml
 from pipeline.atomic import atomic_output, atomic_write_text
 from pipeline.code_version import code_digest
 from pipeline.config import Config, check_combination, variant_keys
-from pipeline.config_selection import BASE_SELECTION_KEYS, SCHEDULE_SELECTION_KEYS, SelectionConfig
+from pipeline.config_selection import SEARCH, SelectionConfig
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.report import session_table, summarise, summarise_prototypes
@@ -57,6 +57,7 @@ SCORES = ("avg", "final", "pd", "base")
 # what (with the seed and the pseudo pack) a candidate's result, a base model and a feature store depend on
 CANDIDATE_SECTIONS = ("data", "model", "base", "extract", "incremental")
 STORE_SECTIONS = (*BASE_MODEL_SECTIONS, "extract")
+AUXILIARY = ("incremental.lambda2", "incremental.lambda3")  # the loss weights chosen last, in this order
 SCHEDULE_PASSES = 3  # passes over the training-set keys (stage "schedule") at most; the first unchanged pass ends it
 
 
@@ -128,28 +129,14 @@ def run_candidate(cfg: Config, pseudo_pack_path: Path, work_dir: Path, base_cach
 
 # ---- the selection -------------------------------------------------------------------------------------------------
 def selection_order(sel: SelectionConfig) -> list[tuple[str, str, list, dict[str, Any]]]:
-    """(stage, dotted key, candidates, values held while choosing it) in the paper's order."""
-    no_aux = {"incremental.lambda2": 0.0, "incremental.lambda3": 0.0}
-    base = [("base", f"base.{key}", getattr(sel, f"base_{key}"), no_aux)
-            for key in BASE_SELECTION_KEYS if getattr(sel, f"base_{key}")]
-    schedule = [("schedule", f"{section}.{key}", getattr(sel, key), no_aux)
-                for section, key in SCHEDULE_SELECTION_KEYS if getattr(sel, key)]
-
-    def if_listed(key: str, values: list) -> list:  # options off the paper's list: compared only when given
-        return [("architecture", key, values, no_aux)] if values else []
-
-    return base + schedule + [
-        ("architecture", "incremental.freeze_base", sel.freeze_base, no_aux),
-        ("architecture", "incremental.suppression", sel.suppression, no_aux),
-        ("architecture", "model.k_paths", sel.k_paths, no_aux),
-        *if_listed("model.iden_linear", sel.iden_linear),
-        *if_listed("model.out_norm", sel.out_norm),
-        ("architecture", "incremental.inc_init", sel.inc_init, no_aux),
-        *if_listed("incremental.vertex_match", sel.vertex_match),
-        ("loss_weights", "incremental.lambda1", sel.lambda1, no_aux),
-        ("loss_weights", "incremental.lambda2", sel.lambda2, {"incremental.lambda3": 0.0}),
-        ("loss_weights", "incremental.lambda3", sel.lambda3, {}),
-    ]
+    """(stage, dotted key, candidates, values held while choosing it) in the paper's order (SEARCH), one entry per key
+    with candidates; lambda2 and lambda3 are held at 0 until their own turn (lambda1 is chosen without them)."""
+    order = []
+    for s in SEARCH:
+        if values := getattr(sel, s.name):
+            held = AUXILIARY[AUXILIARY.index(s.key) + 1:] if s.key in AUXILIARY else AUXILIARY
+            order.append((s.stage, s.key, values, {key: 0.0 for key in held}))
+    return order
 
 
 def paired_gain_se(runs: list[float], reference: list[float]) -> float:
