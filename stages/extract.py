@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pipeline.atomic import atomic_output
 from pipeline.config import Config
-from pipeline.training.extract import extract_features
+from pipeline.training.extract import extract_stage
 from stages.paths import StagePaths
 
 
 def run(cfg: Config, paths: StagePaths, show_progress: bool = True) -> dict:
-    with atomic_output(paths.features, directory=True) as tmp:
-        return extract_features(cfg, paths.pack, paths.base, tmp, show_progress=show_progress)
+    return extract_stage(cfg, paths.pack, paths.base, paths.features, show_progress=show_progress)

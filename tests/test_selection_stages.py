@@ -13,6 +13,7 @@ import torch
 import yaml
 
 import pipeline.research.selection as selection
+import pipeline.training.base_session as base_session
 from pipeline.config import build_config, load_config
 from pipeline.config_selection import SelectionConfig
 from pipeline.data.pack import ImagePack
@@ -125,8 +126,9 @@ def test_extract_candidates_share_the_base_model_and_get_their_own_store(real_pa
     base does not depend on the extraction) and each extracts its own feature store, written as the candidate says."""
     params, paths = real_pack
     trained = []
-    train_base = selection.train_base
-    monkeypatch.setattr(selection, "train_base", lambda cfg, *a, **k: trained.append(cfg) or train_base(cfg, *a, **k))
+    train_base = base_session.train_base
+    monkeypatch.setattr(base_session, "train_base",
+                        lambda cfg, *a, **k: trained.append(cfg) or train_base(cfg, *a, **k))
     sets = SelectionConfig(**{**TINY_SELECTION, "freeze_base": [True], key: values})
     result = selection.select(load_config(params), paths.pack, tmp_path / "out", sets, work_dir=tmp_path / "work")
     assert len(trained) == 1

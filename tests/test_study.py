@@ -14,6 +14,7 @@ import torch
 
 import pipeline.research.selection as selection
 import pipeline.research.study as study
+import pipeline.training.base_session as base_session
 from pipeline.config import build_config
 from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
@@ -175,8 +176,8 @@ def test_single_ssm_takes_dual_ssms_base_model_less_g_inc(tmp_path, monkeypatch)
     assert (metrics[1]["projector"], metrics[1]["trained_as"]) == ("single_ssm", "dual_ssm")
 
     # a study trains one base model per seed for both; single_ssm's sessions start from the derived one
-    real, trained = selection.train_base, []
-    monkeypatch.setattr(selection, "train_base", lambda cfg, *a, **k: trained.append(cfg.model.projector) or real(
+    real, trained = base_session.train_base, []
+    monkeypatch.setattr(base_session, "train_base", lambda cfg, *a, **k: trained.append(cfg.model.projector) or real(
         cfg, *a, **k))
     sessions = study.run_study(params, ["single_ssm", "dual_ssm"], [0], tmp_path / "study")
     assert trained == ["dual_ssm"]

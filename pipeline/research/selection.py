@@ -3,7 +3,7 @@ supp:hyperparameter_protocol).
 
 The real base session's training images are split, seeded, into a pseudo-base session, few-shot pseudo-incremental
 sessions and a held-out pseudo test set, and written as an ordinary image pack (`pseudo_pack`), so each
-candidate runs the very training code of the pipeline (train_base, extract_features, train_session). Nothing of the real
+candidate runs the very stage functions `dvc repro` runs (base_stage, extract_stage, session_stage). Nothing of the real
 test set or of the real incremental sessions is ever read. Choices follow the paper's order, each by the highest pseudo
 AVG with the earlier choices fixed: stage 1 the architecture (freezing of p_iden/g_base, the suppression variant, K, our
 model.iden_linear and the authors' model.out_norm when listed, incremental.inc_init, and our incremental.vertex_match
@@ -46,9 +46,9 @@ from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.report import session_table, summarise, summarise_prototypes
 from pipeline.research.pseudo_pack import pseudo_packs
 from pipeline.training.base_model import BASE_MODEL_SECTIONS, MODEL_FILE, base_twin, config_digest
-from pipeline.training.base_session import derive_base_model, train_base
-from pipeline.training.extract import extract_features
-from pipeline.training.incremental_session import train_session
+from pipeline.training.base_session import base_stage, derive_base_model
+from pipeline.training.extract import extract_stage
+from pipeline.training.incremental_session import session_stage
 from pipeline.training.progress import clock
 from pipeline.workdir import check_code, locked
 
@@ -88,12 +88,11 @@ def _base_model(cfg: Config, pack_path: Path, pack_hash: str, base_cache: Path) 
     if not (base_dir / MODEL_FILE).is_file():
         twin = base_twin(cfg)
         twin_dir = None if twin is None else _base_model(twin, pack_path, pack_hash, base_cache) / "base"
-        with atomic_output(base_dir, directory=True) as tmp:
-            if twin_dir is None:
-                train_base(cfg, pack_path, tmp, cache / "base.resume", show_progress=False)
-            else:
+        if twin_dir is None:
+            base_stage(cfg, pack_path, base_dir, cache / "base.resume", show_progress=False)
+        else:
+            with atomic_output(base_dir, directory=True) as tmp:
                 derive_base_model(cfg, twin_dir, pack_path, tmp)
-        shutil.rmtree(cache / "base.resume", ignore_errors=True)
     return cache
 
 
@@ -112,13 +111,12 @@ def run_candidate(cfg: Config, pseudo_pack_path: Path, work_dir: Path, base_cach
     base_dir = cache / "base"
     store = cache / "stores" / _key(cfg, STORE_SECTIONS, pack_hash) / "features.zarr"
     if not store.exists():
-        with atomic_output(store, directory=True) as tmp:
-            extract_features(cfg, pseudo_pack_path, base_dir, tmp, show_progress=False, progress_lines=False)
+        extract_stage(cfg, pseudo_pack_path, base_dir, store, show_progress=False, progress_lines=False)
     results = [json.loads((base_dir / "metrics.json").read_text())]
     prev = None
     for session in range(1, num_sessions):
         out = Path(work_dir) / f"session_{session}"
-        results.append(train_session(cfg, session, store, base_dir, prev, out, show_progress=False,
+        results.append(session_stage(cfg, session, store, base_dir, prev, out, show_progress=False,
                                      progress_lines=False))
         prev = out
     table = session_table(results)

@@ -12,6 +12,8 @@ on unmixed batches / on the test view of the images (`_base_batch`).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from pipeline.atomic import atomic_output
 from pipeline.data.augment import test_transform, train_augment
 from pipeline.data.mixing import mixup_cutmix
 from pipeline.data.pack import ImagePack
@@ -353,4 +356,15 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
         result = finish_base(cfg, run, pack, device, history, out_dir, started)
         barrier(group)
     cleanup(group)
+    return result
+
+
+def base_stage(cfg, pack_path: Path, out_dir: Path, resume_dir: Path, show_progress: bool = True) -> dict:
+    """Base training into out_dir/{model.safetensors, metrics.json}; its resume point lives in resume_dir until it
+    finishes. Under torchrun every process trains, only rank 0 writes."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return train_base(cfg, pack_path, None, resume_dir, show_progress=False)
+    with atomic_output(out_dir, directory=True) as tmp:
+        result = train_base(cfg, pack_path, tmp, resume_dir, show_progress=show_progress)
+    shutil.rmtree(resume_dir, ignore_errors=True)  # finished: nothing left to resume
     return result

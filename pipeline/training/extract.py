@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from pipeline.atomic import atomic_output
 from pipeline.data.augment import test_transform, train_augment
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
@@ -153,3 +154,11 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
     return {"test": int(len(test_ids)), "fewshot": int(len(fewshot_ids)), "augmented_views": views, "memory": kind,
             "base_classes": int(len(base_classes)), "map_shape": list(map_shape), "checkpoint_sha256": ckpt_sha,
             "seconds": round(time.time() - started, 2)}
+
+
+def extract_stage(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_progress: bool = True,
+                  progress_lines: bool = True) -> dict:
+    """The frozen backbone's maps and the class-mean memory into the Zarr store out_path."""
+    with atomic_output(out_path, directory=True) as tmp:
+        return extract_features(cfg, pack_path, base_dir, tmp, show_progress=show_progress,
+                                progress_lines=progress_lines)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from pipeline.atomic import atomic_output
 from pipeline.data.mixing import deviation_draws, feature_mixup, lend_deviations, mixup_draws
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.file_digest import file_digest
@@ -431,3 +432,11 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
               "seconds": round(time.time() - started, 2)}
     (out_dir / METRICS_FILE).write_text(json.dumps(result, indent=2))
     return result
+
+
+def session_stage(cfg, session: int, store_path: Path, base_dir: Path, prev_dir: Path | None, out_dir: Path,
+                  show_progress: bool = True, progress_lines: bool = True) -> dict:
+    """Incremental session `session` (g_inc trained on cached features) into out_dir, from session - 1's prev_dir."""
+    with atomic_output(out_dir, directory=True) as tmp:
+        return train_session(cfg, session, store_path, base_dir, prev_dir, tmp, show_progress=show_progress,
+                             progress_lines=progress_lines)
