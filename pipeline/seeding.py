@@ -7,7 +7,8 @@ import torch
 
 # offsets of the streams (primes keep them apart for any seed)
 BASE_EPOCH_ORDER = 1 * 7919  # + epoch: base-session shuffling
-BASE_STEP_AUGMENT = 2 * 7919  # + step: base-session augmentation and Mixup/CutMix draws
+BASE_STEP_AUGMENT = 2 * 7919  # + step: base-session augmentation (and on the CPU its Mixup/CutMix draws)
+BASE_STEP_MIX = 86_028_121  # + step: on a GPU, the host-side Mixup/CutMix draws of a base step (a CPU generator)
 EXTRACT_VIEW = 104_729  # + view: augmented views of the few-shot images in the feature store
 SESSION = 15_485_863  # x session: incremental session shuffling and feature mixup
 MEMORY = 32_452_843  # + session (0: the base classes, at extract): the random / sampled class memory

@@ -35,15 +35,21 @@ def _run(paths, base: dict):
         return cfg, base_session.base_run(cfg, pack, torch.device("cpu"), ProcessGroup())
 
 
+def _spread(run, n: int = 8) -> torch.Tensor:
+    """n images of different classes where the pack has them (its base images are grouped by class)."""
+    return torch.arange(n) * (len(run.images) // n)
+
+
 def test_a_base_step_reads_nothing_back_from_the_device(tiny_run):
     """Forward, DR loss (+ the auxiliary CE), backward, SGD step and the global loss: no aten op that waits for the
     device (a scalar read, nonzero, a boolean-mask index)."""
     _, _, paths = tiny_run
     cfg, run = _run(paths, {**MIXED, "backbone_ce": 0.5})
     head = HEADS[cfg.model.classifier]
-    batch = base_session._base_batch(run.images[:8], run.targets[:8], run.num_base, run.preset, cfg.base, 0,
+    idx = _spread(run)
+    batch = base_session._base_batch(run.images[idx], run.targets[idx], run.num_base, run.preset, cfg.base, 0,
                                      torch.Generator().manual_seed(0), torch.Generator().manual_seed(1))
-    assert not torch.equal(batch[1], batch[2])  # mixed: the two targets differ
+    assert not torch.equal(batch[1], batch[2]) and bool((batch[3] < 1).all())  # mixed
     base_session.base_step(cfg, run, head, batch)  # the first step builds the optimizer state
     with DeviceReads() as mode:
         loss = base_session.base_step(cfg, run, head, batch)
@@ -55,9 +61,10 @@ def test_the_mixing_draws_come_from_the_host_generator_alone(tiny_run):
     generator: another mixing. So on a GPU the decisions need no value from the device's generator."""
     _, _, paths = tiny_run
     cfg, run = _run(paths, MIXED)
+    idx = _spread(run)
 
     def batch(aug_seed: int, host_seed: int):
-        return base_session._base_batch(run.images[:8], run.targets[:8], run.num_base, run.preset, cfg.base, 0,
+        return base_session._base_batch(run.images[idx], run.targets[idx], run.num_base, run.preset, cfg.base, 0,
                                         torch.Generator().manual_seed(aug_seed),
                                         torch.Generator().manual_seed(host_seed))
 

@@ -12,6 +12,7 @@ on unmixed batches / on the test view of the images (`_base_batch`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -33,7 +34,7 @@ from pipeline.losses.classification import cross_entropy_loss, mixed_loss
 from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.precision import autocast, image_layout, memory_format
-from pipeline.seeding import BASE_EPOCH_ORDER, BASE_STEP_AUGMENT, seeded_generator
+from pipeline.seeding import BASE_EPOCH_ORDER, BASE_STEP_AUGMENT, BASE_STEP_MIX, seeded_generator
 from pipeline.training.base_model import MODEL_FILE, base_twin, config_digest, load_base_model
 from pipeline.training.checkpoint import load_checkpoint, read_metadata, save_checkpoint
 from pipeline.training.distributed import (
@@ -148,10 +149,11 @@ def _resume(ckpt: Path, meta: dict, model: FSCILModel, aux_head: nn.Linear | Non
 
 
 def _base_batch(images: torch.Tensor, targets: torch.Tensor, num_base: int, preset, base_cfg, epoch: int,
-                gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                gen: torch.Generator, host_gen: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
     """One global batch of eq. optim_base: augmented images, the two targets and lam of batch Mixup/CutMix
     (target_b == target_a and lam == 1 when nothing is mixed: Mixup/CutMix off, or one of the last unmixed_epochs).
-    In the last unaugmented_epochs the batch is the test view of the images, unmixed."""
+    In the last unaugmented_epochs the batch is the test view of the images, unmixed. gen draws the augmentation,
+    host_gen (a CPU generator; None: gen) the mixing."""
     from_end = base_cfg.epochs - epoch  # 1 in the last epoch
     y_a = y_b = targets
     lam = torch.ones(len(targets), device=images.device)
@@ -160,7 +162,7 @@ def _base_batch(images: torch.Tensor, targets: torch.Tensor, num_base: int, pres
     x = train_augment(images, preset, gen)
     if from_end > base_cfg.unmixed_epochs and (base_cfg.mixup_alpha > 0 or base_cfg.cutmix_alpha > 0):
         mixed = mixup_cutmix(x, y_a, num_base, base_cfg.mixup_alpha, base_cfg.cutmix_alpha, base_cfg.mix_prob, 0.5,
-                             gen)
+                             gen if host_gen is None else host_gen)
         x, y_a, y_b, lam = mixed.images, mixed.target_a, mixed.target_b, mixed.lam
     return x, y_a, y_b, lam
 
@@ -209,6 +211,9 @@ def not_learning(epoch_losses: list[float]) -> bool:
     return len(epoch_losses) >= 2 and not epoch_losses[-1] < epoch_losses[0]
 
 
+CHECK_EVERY = 20  # steps between read-backs of the base loss (each one waits for the device)
+
+
 class BaseRun(NamedTuple):
     """What the base session's steps work with: the model (and its DDP wrapper `net`), the auxiliary CE head, the
     optimizer, the training images and labels on the device, and this process's group and slice of each batch."""
@@ -252,9 +257,37 @@ def base_run(cfg, pack: ImagePack, device, group) -> BaseRun:
                    num_base)
 
 
+def base_step(cfg, run: BaseRun, head, batch: tuple) -> torch.Tensor:
+    """One update of eq. optim_base on a global batch (x, y_a, y_b, lam); returns the global-batch loss (the mean of
+    the equal slices' means, the same on every process) as a device tensor: nothing waits for the device here."""
+    x, y_a, y_b, lam = batch
+    with autocast(x.device, cfg.precision):  # params precision: bf16 in the fast profile
+        logits = run.net(image_layout(x[run.local], cfg.precision))
+    loss = base_loss(head, cfg.base, *(t.float() if t is not None else None for t in logits), y_a[run.local],
+                     y_b[run.local], lam[run.local])
+    global_loss = all_reduce_sum(loss.detach(), run.group) / run.group.world_size
+    run.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    run.opt.step()
+    return global_loss
+
+
+def read_losses(pending: list[torch.Tensor], epoch: int, done: int) -> list[float]:
+    """The last steps' losses as floats (one wait for the device instead of one per step); stops at the first
+    non-finite one, naming its step. `done`: steps of this epoch done so far. Nothing is written after a stop, so
+    the updates since that step never reach a checkpoint."""
+    values = torch.stack(pending).tolist()
+    pending.clear()
+    for offset, value in enumerate(values):
+        if not math.isfinite(value):
+            raise TrainingDiverged(f"base training: non-finite loss at epoch {epoch + 1} step "
+                                   f"{done - len(values) + offset + 1}; nothing written")
+    return values
+
+
 def train_epoch(cfg, run: BaseRun, epoch: int, device, show_progress: bool) -> float:
     """One epoch of eq. optim_base over a seeded permutation of the base images (drop_last); the mean of its
-    global-batch losses. A non-finite loss stops the run before its update (nothing written)."""
+    global-batch losses, read back every CHECK_EVERY steps (a non-finite one stops the run, nothing written)."""
     batch, head = cfg.base.batch_size, HEADS[cfg.model.classifier]
     steps_per_epoch = len(run.images) // batch
     total_steps = cfg.base.epochs * steps_per_epoch
@@ -263,29 +296,22 @@ def train_epoch(cfg, run: BaseRun, epoch: int, device, show_progress: bool) -> f
     order = order.to(device)
     bar = tqdm(range(steps_per_epoch), desc=f"base epoch {epoch + 1}/{cfg.base.epochs}", leave=False,
                disable=not (show_progress and run.group.is_main))
-    running = 0.0
+    pending: list[torch.Tensor] = []
+    losses: list[float] = []
     for i in bar:
         step = epoch * steps_per_epoch + i
         set_lr(run.opt, warmup_cosine(step, total_steps, cfg.base.warmup_steps, 0.0, cfg.base.min_lr_ratio))
         idx = order[i * batch:(i + 1) * batch]
         gen = seeded_generator(cfg.seed, BASE_STEP_AUGMENT + step, device)
-        x, y_a, y_b, lam = _base_batch(run.images[idx], run.targets[idx], run.num_base, run.preset, cfg.base, epoch,
-                                       gen)
-        with autocast(device, cfg.precision):  # params precision: bf16 in the fast profile
-            logits = run.net(image_layout(x[run.local], cfg.precision))
-        loss = base_loss(head, cfg.base, *(t.float() if t is not None else None for t in logits), y_a[run.local],
-                         y_b[run.local], lam[run.local])
-        # the global-batch loss (mean of the equal slices' means): every process logs and checks the same one
-        global_loss = all_reduce_sum(loss.detach(), run.group) / run.group.world_size
-        if not torch.isfinite(global_loss):
-            raise TrainingDiverged(f"base training: non-finite loss at epoch {epoch + 1} step {i + 1}; "
-                                   "nothing written")
-        run.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        run.opt.step()
-        running += global_loss.item()
-        bar.set_postfix(loss=f"{running / (i + 1):.4f}")
-    return round(running / max(steps_per_epoch, 1), 6)
+        # Mixup/CutMix decide on the host (whether, which, lambda, the box): from a CPU generator on a GPU, so no
+        # step waits for the device; on the CPU from the augmentation's generator, as always
+        host_gen = None if gen.device.type == "cpu" else seeded_generator(cfg.seed, BASE_STEP_MIX + step)
+        pending.append(base_step(cfg, run, head, _base_batch(run.images[idx], run.targets[idx], run.num_base,
+                                                             run.preset, cfg.base, epoch, gen, host_gen)))
+        if len(pending) == CHECK_EVERY or i + 1 == steps_per_epoch:
+            losses += read_losses(pending, epoch, i + 1)
+            bar.set_postfix(loss=f"{sum(losses) / len(losses):.4f}")
+    return round(sum(losses) / max(steps_per_epoch, 1), 6)
 
 
 def save_resume_point(run: BaseRun, ckpt: Path, meta: dict, done: int, history: list[float]) -> None:
