@@ -18,6 +18,7 @@ import typer
 from pipeline.errors import FSCILError
 from stages.cli_common import (
     DataDirOpt,
+    JobsOpt,
     ParamsOpt,
     QuietOpt,
     ReuseStaleOpt,
@@ -138,7 +139,8 @@ def report(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path(
 def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"),
               out: Annotated[Path | None, typer.Option("--out", help="Output folder (default: <data-dir>/selection).")
                              ] = None,
-              quiet: QuietOpt = False, overrides: SetOpt = None, reuse_stale: ReuseStaleOpt = False) -> None:
+              quiet: QuietOpt = False, overrides: SetOpt = None, reuse_stale: ReuseStaleOpt = False,
+              jobs: JobsOpt = 1) -> None:
     """Choose architecture and loss weights on pseudo-incremental tasks from the base session's training data only
     (the paper's protocol; slow, not part of `dvc repro`). Writes selection.csv, selected.yaml, selection.json.
     Stages before the loss weights score their candidates with lambda2 = lambda3 = 0 (the paper's order), whatever
@@ -150,7 +152,7 @@ def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Pa
 
     cfg = _config(params, overrides)
     out = _project_path(out or data_dir / "selection")
-    result = _run("select", stage.run, cfg, _paths(data_dir), out, log=echo_line, reuse_stale=reuse_stale)
+    result = _run("select", stage.run, cfg, _paths(data_dir), out, log=echo_line, reuse_stale=reuse_stale, jobs=jobs)
     typer.echo(pd.DataFrame(result["rows"]).to_string(index=False))
     typer.echo("chosen: " + "  ".join(f"{k}={v}" for k, v in result["chosen"].items()))
     typer.echo(f"params fragment: {out / 'selected.yaml'}")
@@ -164,9 +166,7 @@ def study(variants: Annotated[str, typer.Option(help="Comma-separated variants (
           out: Annotated[Path | None, typer.Option("--out", help="Output folder (default: <data-dir>/studies/ablation; "
                                                    "relative: from the project root).")] = None,
           data_dir: DataDirOpt = Path("data"), quiet: QuietOpt = False, overrides: SetOpt = None,
-          reuse_stale: ReuseStaleOpt = False,
-          jobs: Annotated[int, typer.Option("--jobs", "-j", help="Runs at once, each its own process (same results)."
-                                            )] = 1) -> None:
+          reuse_stale: ReuseStaleOpt = False, jobs: JobsOpt = 1) -> None:
     """Run named variants x seeds through the pipeline's training code and write mean +- std tables and a plot
     (out/table.md, table.csv, runs.csv, sessions.csv, accuracy.png); slow, not part of `dvc repro`."""
     from pipeline.config import read_yaml

@@ -17,6 +17,8 @@ SetOpt = Annotated[list[str] | None, typer.Option(
 DataDirOpt = Annotated[Path, typer.Option("--data-dir", help="Directory of the pipeline's artifacts.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars (progress lines stay).")]
 ReuseStaleOpt = Annotated[bool, typer.Option("--reuse-stale", help="Reuse stored runs made by other code.")]
+JobsOpt = Annotated[int, typer.Option("--jobs", "-j", help="Runs at once, each its own process (one GPU each when "
+                                                        "several are visible; same results as one).")]
 
 
 def _project_path(path: Path) -> Path:

@@ -18,10 +18,10 @@ from stages.paths import StagePaths
 
 
 def run(cfg: Config, paths: StagePaths, out_dir: Path, log: Callable[[str], None] | None = None,
-        reuse_stale: bool = False) -> dict:
+        reuse_stale: bool = False, jobs: int = 1) -> dict:
     if not paths.pack.is_file():
         raise FSCILError(f"{paths.pack}: image pack not found; run `fscil stage prepare` first")
     out_dir = Path(out_dir)
     with atomic_output(out_dir, directory=True) as tmp:
         return select(cfg, paths.pack, tmp, work_dir=out_dir.parent / f"{out_dir.name}.work", log=log,
-                      reuse_stale=reuse_stale)
+                      reuse_stale=reuse_stale, jobs=jobs)

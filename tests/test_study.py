@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
+import pipeline.research.parallel as parallel
 import pipeline.research.selection as selection
 import pipeline.research.study as study
 import pipeline.training.base_session as base_session
@@ -334,13 +335,13 @@ def test_study_workers_take_the_visible_gpus_round_robin(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,9")
-    assert study.visible_gpus() == ["5", "7"]
+    assert parallel.visible_gpus() == ["5", "7"]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert study.visible_gpus() == ["0", "1"]
+    assert parallel.visible_gpus() == ["0", "1"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # restored after the test: pin_gpu sets it
     counter = multiprocessing.get_context("spawn").Value("i", 0)
     seen = []
     for _ in range(3):
-        study.pin_gpu(counter, ["5", "7"])
+        parallel.pin_gpu(counter, ["5", "7"])
         seen.append(os.environ["CUDA_VISIBLE_DEVICES"])
     assert seen == ["5", "7", "5"]

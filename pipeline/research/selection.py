@@ -23,6 +23,7 @@ configured value by more than that to replace it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -44,6 +45,7 @@ from pipeline.config_selection import SEARCH, SelectionConfig
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.report import session_table, summarise, summarise_prototypes
+from pipeline.research.parallel import run_batches
 from pipeline.research.pseudo_pack import pseudo_packs
 from pipeline.training.base_model import BASE_MODEL_SECTIONS, MODEL_FILE, base_twin, config_digest
 from pipeline.training.base_session import base_stage, derive_base_model
@@ -58,6 +60,7 @@ SCORES = ("avg", "final", "pd", "base")
 CANDIDATE_SECTIONS = ("data", "model", "base", "extract", "incremental")
 STORE_SECTIONS = (*BASE_MODEL_SECTIONS, "extract")
 AUXILIARY = ("incremental.lambda2", "incremental.lambda3")  # the loss weights chosen last, in this order
+DIVERGED = {score: float("nan") for score in SCORES}  # a diverged candidate's scores
 SCHEDULE_PASSES = 3  # passes over the training-set keys (stage "schedule") at most; the first unchanged pass ends it
 
 
@@ -237,18 +240,27 @@ def run_once(records: dict, key: str, records_path: Path, scratch: Path, run: Ca
     return False
 
 
+def _candidate(cand: Config, pack_path: Path, base_cache: Path, scratch: Path) -> dict:
+    """run_candidate with the candidate's own thread count (params `threads`), in whichever process runs it."""
+    import torch
+
+    torch.set_num_threads(cand.threads)
+    return run_candidate(cand, pack_path, scratch, base_cache)
+
+
 def _run_cached(cand: Config, pack: tuple[Path, dict], work_dir: Path, results: dict, results_path: Path,
                 reuse_stale: bool = False) -> dict:
     """One candidate on one pseudo pack, from `results` when it ran before; a diverging candidate scores nan."""
     ckey = _key(cand, CANDIDATE_SECTIONS, pack[1]["content_hash"])
     cached = run_once(results, ckey, results_path, work_dir / "candidate",
-                      lambda scratch: run_candidate(cand, pack[0], scratch, work_dir / "bases"),
-                      diverged={s: float("nan") for s in SCORES}, reuse_stale=reuse_stale)
-    return {**results[ckey], "cached": cached}
+                      functools.partial(_candidate, cand, pack[0], work_dir / "bases"), diverged=DIVERGED,
+                      reuse_stale=reuse_stale)
+    return {**results[ckey], "cached": cached, "key": ckey}
 
 
 def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionConfig | None = None, *,
-           work_dir: Path | None = None, log: Callable[[str], None] | None = None, reuse_stale: bool = False) -> dict:
+           work_dir: Path | None = None, log: Callable[[str], None] | None = None, reuse_stale: bool = False,
+           jobs: int = 1) -> dict:
     """Run the selection; writes out_dir/{selection.csv, selected.yaml, selection.json} and returns
     {"chosen": {dotted key: value}, "rows": [one per candidate, in order], "pseudo_protocol": {...},
     "pseudo_protocols": [one per pseudo protocol]}.
@@ -256,8 +268,11 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
     candidates: the candidate sets (None: cfg.selection). work_dir (None: out_dir/work) keeps the pseudo packs, the
     base models and feature stores and every candidate's result, so nothing computed there is computed again. With
     selection.protocols > 1 each candidate runs on every pseudo protocol (seed sel.seed + i, which also seeds its
-    training) and scores the mean of their results.
+    training) and scores the mean of their results. jobs > 1: each key's candidate runs in that many processes at
+    once (one GPU each when several are visible; `_Selection.prefetch`), with the same results as one.
     """
+    if jobs < 1:
+        raise FSCILError(f"--jobs must be >= 1, got {jobs}")
     sel = candidates or cfg.selection
     # a named variant is what its name says: the keys it sets itself (a row's projector, its losses off) are held
     fixed = variant_keys(cfg.variant)
@@ -274,7 +289,8 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
                                  f"{str(err).removeprefix('params: ')}") from None
     out_dir, work_dir = Path(out_dir), Path(work_dir or Path(out_dir) / "work")
     with locked(work_dir):
-        return _select(cfg, sel, order, full_order, fixed, pack_path, out_dir, work_dir, log, reuse_stale)
+        run = _Selection(cfg, sel, pack_path, work_dir, log, reuse_stale, sum(len(v) for _, _, v, _ in order), jobs)
+        return _select(run, order, full_order, fixed, out_dir)
 
 
 class _Selection:
@@ -282,8 +298,8 @@ class _Selection:
     rows of selection.csv, with a progress line per candidate."""
 
     def __init__(self, cfg: Config, sel: SelectionConfig, pack_path: Path, work_dir: Path,
-                 log: Callable[[str], None] | None, reuse_stale: bool, planned: int):
-        self.cfg, self.sel, self.work_dir, self.reuse_stale = cfg, sel, work_dir, reuse_stale
+                 log: Callable[[str], None] | None, reuse_stale: bool, planned: int, jobs: int = 1):
+        self.cfg, self.sel, self.work_dir, self.reuse_stale, self.jobs = cfg, sel, work_dir, reuse_stale, jobs
         self.say = log or (lambda line: None)
         self.packs = pseudo_packs(pack_path, work_dir, sel)
         pseudo = self.packs[0][1]
@@ -298,6 +314,7 @@ class _Selection:
         self.chosen: dict[str, Any] = {}
         self.rows: list[dict] = []
         self.all_diverged: list[str] = []  # keys whose every candidate diverged, in the order they ran
+        self.prefetched: set[str] = set()  # candidate results computed by `prefetch` in this run
         # candidates done / planned (a schedule pass that changes a value adds a pass: the total is then a floor)
         self.count = {"done": 0, "total": planned, "started": time.time()}
 
@@ -320,7 +337,8 @@ class _Selection:
                              if len(self.packs) > 1 else {}),
                           "seconds": round(sum(r["seconds"] for r in runs), 2), "diverged": bool(diverged),
                           "chosen": False})
-        took = "cached" if all(r["cached"] for r in runs) else f"{self.rows[-1]['seconds']:.0f} s"
+        took = ("cached" if all(r["cached"] and r["key"] not in self.prefetched for r in runs)
+                else f"{self.rows[-1]['seconds']:.0f} s")
         outcome = f"diverged ({diverged[0]})" if diverged else f"AVG {mean['avg']:.2f} final {mean['final']:.2f}"
         count = self.count
         count["done"] += 1
@@ -331,8 +349,38 @@ class _Selection:
                  f"{key}={value}: {outcome} ({took})")
         return (-math.inf if diverged else mean["avg"]), [r["avg"] for r in runs]
 
+    def prefetch(self, key: str, values: list, held: dict[str, Any]) -> None:
+        """The runs of `key`'s candidates not stored yet, in self.jobs processes (`run_batches`): first one run per
+        base model (each is trained once), then one per feature store (each extracted once), then the rest; each
+        phase in parallel. `choose_key` then reads them as stored results."""
+        todo: dict[str, tuple[Config, Path, str]] = {}
+        for value in values:
+            cand = with_values(self.cfg, {**held, **self.chosen, key: value})
+            for path, info in self.packs:
+                run = dataclasses.replace(cand, seed=info["seed"])
+                ckey = _key(run, CANDIDATE_SECTIONS, info["content_hash"])
+                if not (ckey in self.results and not TrainingDiverged.stale(self.results[ckey])):
+                    todo.setdefault(ckey, (run, path, info["content_hash"]))
+        phases: list[list] = [[], [], []]
+        seen: set[str] = set()
+        for ckey, (run, path, pack_hash) in todo.items():
+            base, store = _key(run, BASE_MODEL_SECTIONS, pack_hash), _key(run, STORE_SECTIONS, pack_hash)
+            phase = 0 if base not in seen else 1 if store not in seen else 2
+            seen |= {base, store}
+            phases[phase].append([(ckey, functools.partial(_candidate, run, path, self.work_dir / "bases"),
+                                   DIVERGED)])
+        for batches in phases:
+            run_batches(batches, self.work_dir, self.jobs, self.reuse_stale, self._store)
+        self.prefetched |= set(todo)
+
+    def _store(self, records: dict, _runs: int) -> None:
+        self.results.update(records)
+        atomic_write_text(self.results_path, json.dumps(self.results, indent=2) + "\n")
+
     def choose_key(self, stage: str, key: str, values: list, held: dict[str, Any]) -> None:
         """Run every candidate of `key` (the earlier choices fixed), record their rows and the chosen value."""
+        if self.jobs > 1:
+            self.prefetch(key, values, held)
         scores, per_protocol = zip(*(self.run_candidate(stage, key, v, held) for v in values), strict=True)
         configured = _get(self.cfg, key)
         if all(score == -math.inf for score in scores):
@@ -393,11 +441,9 @@ class _Selection:
         return summary
 
 
-def _select(cfg: Config, sel: SelectionConfig, order: list, full_order: list, fixed: set[str], pack_path: Path,
-            out_dir: Path, work_dir: Path, log: Callable[[str], None] | None, reuse_stale: bool) -> dict:
-    run = _Selection(cfg, sel, pack_path, work_dir, log, reuse_stale, sum(len(values) for _, _, values, _ in order))
+def _select(run: _Selection, order: list, full_order: list, fixed: set[str], out_dir: Path) -> dict:
     if held := sorted(fixed & {key for _, key, _, _ in full_order}):
-        run.say(f"variant {cfg.variant} fixes {', '.join(held)}: not selected")
+        run.say(f"variant {run.cfg.variant} fixes {', '.join(held)}: not selected")
     for stage, entries in itertools.groupby(order, key=lambda entry: entry[0]):
         run.run_stage(stage, list(entries))
     run.check_last_key()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from pipeline.config import Config, build_config
 from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.plots import PROTOTYPE
+from pipeline.research.parallel import run_batches
 from pipeline.research.selection import run_candidate, run_once
 from pipeline.training.base_model import base_twin, config_digest
 from pipeline.training.progress import clock
@@ -99,70 +99,37 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
         return _run_plan(plan, variants, out_dir, work, log, reuse_stale, jobs)
 
 
-def _run_group(items: list[tuple[str, str, int, Config]], work: Path, index: int, reuse_stale: bool) -> dict:
-    """One worker of `_run_parallel`: its runs in order, in its own scratch folder and records file; their records."""
-    records: dict[str, dict] = {}
-    part = work / f"runs.part{index}.json"
-    for key, variant, seed, cfg in items:
-        run_once(records, key, part, work / f"sessions.{index}", functools.partial(_run, cfg, variant, seed, work),
-                 diverged={"variant": variant, "seed": seed}, reuse_stale=reuse_stale)
-    part.unlink(missing_ok=True)
-    return records
-
-
-def visible_gpus() -> list[str]:
-    """The CUDA devices this process may use, as CUDA_VISIBLE_DEVICES names them."""
-    import torch
-
-    count = torch.cuda.device_count()
-    named = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    return named[:count] if named else [str(i) for i in range(count)]
-
-
-def pin_gpu(counter, gpus: list[str]) -> None:
-    """A study worker's start: the next of `gpus` (round robin) is the only GPU it sees (cuda:0 to it)."""
-    with counter.get_lock():
-        index = counter.value
-        counter.value += 1
-    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]
-
-
 def _run_parallel(plan: list, keys: list[str], runs: dict, runs_path: Path, work: Path, jobs: int,
                   reuse_stale: bool, say: Callable[[str], None]) -> None:
-    """The runs not stored yet, in `jobs` processes: the image packs first (shared), then one group of runs per base
+    """The runs not stored yet, in `jobs` processes: the image packs first (shared), then one batch of runs per base
     model (a base model and its feature stores are made by one process; single_ssm goes with dual_ssm, whose base it
-    derives from), groups in parallel. Every run computes what it would alone (its seed, its threads)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
+    derives from), batches in parallel (`run_batches`)."""
     todo: dict[str, tuple[str, int, Config]] = {}
     for (variant, seed, cfg), key in zip(plan, keys, strict=True):
         if not (key in runs and not TrainingDiverged.stale(runs[key])):
             todo.setdefault(key, (variant, seed, cfg))
-    groups: dict[str, list[tuple[str, str, int, Config]]] = {}
+    groups: dict[str, list] = {}
     for key, (variant, seed, cfg) in todo.items():
         _pack(cfg, work)
-        groups.setdefault(config_digest(base_twin(cfg) or cfg), []).append((key, variant, seed, cfg))
+        groups.setdefault(config_digest(base_twin(cfg) or cfg), []).append(
+            (key, functools.partial(_run, cfg, variant, seed, work), {"variant": variant, "seed": seed}))
     if not groups:
         return
     say(f"study: {len(todo)} runs in {len(groups)} groups (one per base model) over {min(jobs, len(groups))} "
         "processes")
-    context = multiprocessing.get_context("spawn")
-    started, runs_done = time.time(), 0
-    workers = min(jobs, len(groups))
-    gpus = visible_gpus()  # several: each process its own (round robin), before it touches CUDA
-    pin = dict(initializer=pin_gpu, initargs=(context.Value("i", 0), gpus)) if len(gpus) > 1 else {}
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context, **pin) as pool:
-        futures = {pool.submit(_run_group, items, work, i, reuse_stale): len(items)
-                   for i, items in enumerate(groups.values())}
-        for done, future in enumerate(as_completed(futures), 1):
-            runs.update(future.result())
-            atomic_write_text(runs_path, json.dumps(runs, indent=2) + "\n")
-            runs_done += futures[future]
-            elapsed = time.time() - started
-            eta = clock(elapsed / runs_done * (len(todo) - runs_done))
-            say(f"[{done}/{len(futures)} groups, {runs_done}/{len(todo)} runs, elapsed {clock(elapsed)}, ETA {eta}] "
-                f"study: a group of {futures[future]} runs done")
+    count = {"groups": 0, "runs": 0, "started": time.time()}
+
+    def done(records: dict, size: int) -> None:
+        runs.update(records)
+        atomic_write_text(runs_path, json.dumps(runs, indent=2) + "\n")
+        count["groups"] += 1
+        count["runs"] += size
+        elapsed = time.time() - count["started"]
+        eta = clock(elapsed / count["runs"] * (len(todo) - count["runs"]))
+        say(f"[{count['groups']}/{len(groups)} groups, {count['runs']}/{len(todo)} runs, elapsed {clock(elapsed)}, "
+            f"ETA {eta}] study: a group of {size} runs done")
+
+    run_batches(list(groups.values()), work, jobs, reuse_stale, done)
 
 
 def _run_plan(plan: list[tuple[str, int, Config]], variants: list[str], out_dir: Path, work: Path,
