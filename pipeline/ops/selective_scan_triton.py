@@ -55,6 +55,27 @@ def _step_inputs(u_ptr, dt_ptr, bias, row, t, mask_d, HAS_BIAS: tl.constexpr, SO
 
 
 @triton.jit
+def _state_row(ptr, bc, t, mask_n):
+    """B_t or C_t of this program's group: (BLOCK_N,) float32."""
+    return tl.load(ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _advance(h, A, dt_t, u_t, B_t):
+    """One step of the recurrence: h_t = exp(dt_t A) h_{t-1} + dt_t u_t B_t."""
+    return tl.exp(dt_t[:, None] * A) * h + (dt_t * u_t)[:, None] * B_t[None, :]
+
+
+@triton.jit
+def _scan_step(u_ptr, dt_ptr, B_ptr, C_ptr, A, bias, row, bc, t, h, mask_d, mask_n, HAS_BIAS: tl.constexpr,
+               SOFTPLUS: tl.constexpr):
+    """Step t of the recurrence from h_{t-1}: h_t, u_t and C_t."""
+    u_t, dt_t, raw = _step_inputs(u_ptr, dt_ptr, bias, row, t, mask_d, HAS_BIAS, SOFTPLUS)
+    h = _advance(h, A, dt_t, u_t, _state_row(B_ptr, bc, t, mask_n))
+    return h, u_t, _state_row(C_ptr, bc, t, mask_n)
+
+
+@triton.jit
 def _channel_block(A_ptr, D_ptr, bias_ptr, pid_d, d, n, g, HAS_D: tl.constexpr, HAS_BIAS: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
     """A program's channels and states: offsets, masks, the (d, n) tile offsets, its group (BLOCK_D divides d // g:
@@ -90,10 +111,8 @@ def _scan_fwd_kernel(
     bc = (pid_b * g + group) * n * L + offs_n * L
     h = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
     for t in range(L):
-        u_t, dt_t, raw = _step_inputs(u_ptr, dt_ptr, bias, row, t, mask_d, HAS_BIAS, SOFTPLUS)
-        B_t = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
-        C_t = tl.load(C_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
-        h = tl.exp(dt_t[:, None] * A) * h + (dt_t * u_t)[:, None] * B_t[None, :]
+        h, u_t, C_t = _scan_step(u_ptr, dt_ptr, B_ptr, C_ptr, A, bias, row, bc, t, h, mask_d, mask_n, HAS_BIAS,
+                                 SOFTPLUS)
         y = tl.sum(h * C_t[None, :], axis=1) + Dv * u_t
         if HAS_Z:
             z_t = tl.load(z_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
@@ -107,8 +126,8 @@ def _replay(u_ptr, dt_ptr, B_ptr, A, bias, row, bc, start, stop, h, mask_d, mask
     """h after steps start .. stop - 1 of the recurrence, from h before step `start`."""
     for s in range(start, stop):
         u_s, dt_s, raw_s = _step_inputs(u_ptr, dt_ptr, bias, row, s, mask_d, HAS_BIAS, SOFTPLUS)
-        B_s = tl.load(B_ptr + bc + s, mask=mask_n, other=0.0).to(tl.float32)
-        h = tl.exp(dt_s[:, None] * A) * h + (dt_s * u_s)[:, None] * B_s[None, :]
+        B_s = _state_row(B_ptr, bc, s, mask_n)
+        h = _advance(h, A, dt_s, u_s, B_s)
     return h
 
 
@@ -122,10 +141,8 @@ def _bwd_forward(u_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, gout_ptr, dz_ptr, gy_ptr, c
     dD_acc plus this element's sum of dy * u."""
     h = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
     for t in range(L):
-        u_t, dt_t, raw = _step_inputs(u_ptr, dt_ptr, bias, row, t, mask_d, HAS_BIAS, SOFTPLUS)
-        B_t = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
-        C_t = tl.load(C_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
-        h = tl.exp(dt_t[:, None] * A) * h + (dt_t * u_t)[:, None] * B_t[None, :]
+        h, u_t, C_t = _scan_step(u_ptr, dt_ptr, B_ptr, C_ptr, A, bias, row, bc, t, h, mask_d, mask_n, HAS_BIAS,
+                                 SOFTPLUS)
         gy = tl.load(gout_ptr + row + t, mask=mask_d, other=0.0).to(tl.float32)
         if HAS_Z:
             y = tl.sum(h * C_t[None, :], axis=1) + Dv * u_t
@@ -162,8 +179,8 @@ def _bwd_reverse(u_ptr, dt_ptr, B_ptr, C_ptr, gy_ptr, ckpt_ptr, du_ptr, ddt_ptr,
         for tr in range(end - start):
             t = end - 1 - tr
             u_t, dt_t, raw = _step_inputs(u_ptr, dt_ptr, bias, row, t, mask_d, HAS_BIAS, SOFTPLUS)
-            B_t = tl.load(B_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
-            C_t = tl.load(C_ptr + bc + t, mask=mask_n, other=0.0).to(tl.float32)
+            B_t = _state_row(B_ptr, bc, t, mask_n)
+            C_t = _state_row(C_ptr, bc, t, mask_n)
             gy = tl.load(gy_ptr + row + t, mask=mask_d, other=0.0)
             dh = decay_next * dh + gy[:, None] * C_t[None, :]
             h_prev = tl.zeros([BLOCK_D, BLOCK_N], dtype=tl.float32)
