@@ -161,8 +161,6 @@ class ModelConfig(SectionConfig):
     mu_iden_0 is a linear map, the authors' code uses the identity at C == D'); false: the identity."""
     classifier: str = "etf"
     """etf (fixed ETF + DR loss) or linear (learnable + cross-entropy)."""
-    etf_seed: int = 0
-    """Seed of the ETF's random orthonormal basis."""
 
     def __post_init__(self):
         self.check_types()
@@ -329,8 +327,6 @@ class IncrementalConfig(SectionConfig):
     vertex_match: bool = False
     """Give each session's new classes the free ETF vertices their shots' features already point to (an exact
     assignment, fixed from then on) instead of the next ones in class order (ours; false: the paper's order)."""
-    mixup_ratio: float = 0.5
-    """Feature-mixup ratio."""
     mixup_prob: float = 0.0
     """Feature-mixup probability per batch (0: off)."""
     deviation_prob: float = 0.0

@@ -76,6 +76,7 @@ def mixup_cutmix(x: torch.Tensor, y: torch.Tensor, num_classes: int, mixup_alpha
 
 
 # ---- feature-level mixup of incremental sessions (reference-facts: fixed ratio 0.5, probability per dataset) ----
+FEATURE_MIXUP_RATIO = 0.5  # the authors' fixed ratio; incremental.mixup_prob decides how often a batch is mixed
 def feature_mixup(mu: torch.Tensor, target: torch.Tensor, ratio: float,
                   perm: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mix every sample with its partner perm[i]: ratio * mu + (1 - ratio) * mu[perm]; perm None: no mixing.

@@ -70,7 +70,7 @@ def build_backbone_from_config(model_cfg, input_size: int) -> nn.Module:
 def build_head(model_cfg, in_channels: int, feature_hw: tuple[int, int], num_classes: int
                ) -> tuple[Projector, nn.Module]:
     projector = Projector.from_config(model_cfg, in_channels, feature_hw)
-    classifier = HEADS[model_cfg.classifier].classifier(model_cfg.dim, num_classes, seed=model_cfg.etf_seed)
+    classifier = HEADS[model_cfg.classifier].classifier(model_cfg.dim, num_classes)
     return projector, classifier
 
 

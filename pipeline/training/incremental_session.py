@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from pipeline.atomic import atomic_output
-from pipeline.data.mixing import deviation_draws, feature_mixup, lend_deviations, mixup_draws
+from pipeline.data.mixing import FEATURE_MIXUP_RATIO, deviation_draws, feature_mixup, lend_deviations, mixup_draws
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.file_digest import file_digest
 from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
@@ -133,7 +133,7 @@ def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is
     feature-mixup partners (None: not mixed); frozen: the batch's (mu_iden, mu_base) when p_iden and g_base are
     frozen (`Projector.frozen_outputs`)."""
     out = projector(x, mode="incremental", return_aux=True, frozen=frozen)
-    mu, y_a, y_b, lam = feature_mixup(out.mu, y, inc.mixup_ratio, mix_perm)
+    mu, y_a, y_b, lam = feature_mixup(out.mu, y, FEATURE_MIXUP_RATIO, mix_perm)
     head = HEADS[classifier_kind]
     cls = mixed_loss(head.loss, classifier(mu, num_seen), y_a, y_b, lam, scale=head.loss_scale(inc.dr_scale))
     supp = sep = torch.zeros((), device=x.device)
