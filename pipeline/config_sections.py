@@ -39,6 +39,11 @@ class DataConfig(SectionConfig):
 
     dataset: str = "synthetic"
     """synthetic | cifar100 | mini_imagenet | cub200 | class_folder | omniglot."""
+    source: str = "files"
+    """files (the dataset read from root), or synthetic: for cifar100, mini_imagenet, cub200, the synthetic generator
+    at that benchmark's shape instead (its classes, protocol, images per class, image side and image preset; drawn at
+    32 px and resized), so a paper preset runs unchanged without its dataset: for timing and smoke runs, its
+    accuracy means nothing."""
     root: str | None = None
     """Raw data folder (cifar100: holds cifar-100-python/; mini_imagenet: images/ + split/; cub200: CUB_200_2011;
     class_folder: root/<class>/<image>; omniglot: an official zip or its extracted folder). Unused for synthetic."""
@@ -62,12 +67,13 @@ class DataConfig(SectionConfig):
     """class_folder, omniglot: fraction of each class's images held out for testing (at least one)."""
     shuffle_classes: bool = True
     """class_folder, omniglot: seeded class order (else sorted by name) decides which classes are base."""
-    train_per_class: int = SyntheticSpec.train_per_class
-    """synthetic: training images per base class."""
-    novel_pool_per_class: int = SyntheticSpec.novel_pool_per_class
-    """synthetic: images generated per incremental class, from which `shots` are drawn."""
-    test_per_class: int = SyntheticSpec.test_per_class
-    """synthetic: test images per class."""
+    train_per_class: int | None = None
+    """Generated data: training images per base class (null: 100 for synthetic; source synthetic: the benchmark's)."""
+    novel_pool_per_class: int | None = None
+    """Generated data: images per incremental class, from which `shots` are drawn (null: 20 for synthetic; source
+    synthetic: the benchmark's training images per class)."""
+    test_per_class: int | None = None
+    """Generated data: test images per class (null: 40 for synthetic; source synthetic: the benchmark's)."""
     seed: int = 0
     """Seed of the synthetic images and of generated protocols."""
     novel_shapes: int = SyntheticSpec.novel_shapes
@@ -79,9 +85,13 @@ class DataConfig(SectionConfig):
         self.check_types()
         if self.dataset not in DATASETS:
             _fail_data("dataset", f"must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
-        if self.dataset != "synthetic" and not self.root:
+        if self.source not in ("files", "synthetic"):
+            _fail_data("source", f"must be files or synthetic, got {self.source!r}")
+        if self.source == "synthetic" and self.dataset not in CEC_DATASETS:
+            _fail_data("source", f"synthetic applies to {', '.join(CEC_DATASETS)}, got dataset {self.dataset!r}")
+        if not self.generated and not self.root:
             _fail_data("root", f"is required for dataset {self.dataset!r}")
-        if self.dataset in CEC_DATASETS and not self.split_dir:
+        if self.dataset in CEC_DATASETS and not self.generated and not self.split_dir:
             _fail_data("split_dir", f"is required for dataset {self.dataset!r} (the CEC index-list folder)")
         if self.image_size is not None and self.image_size < 8:
             _fail_data("image_size", f"must be >= 8, got {self.image_size}")
@@ -90,7 +100,7 @@ class DataConfig(SectionConfig):
             if value is not None and value < 1:
                 _fail_data(key, f"must be >= 1, got {value}")
         for key in ("train_per_class", "test_per_class", "novel_pool_per_class"):
-            if getattr(self, key) < 1:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 _fail_data(key, f"must be >= 1, got {getattr(self, key)}")
         if not 0.0 < self.test_fraction < 1.0:
             _fail_data("test_fraction", f"must be strictly between 0 and 1, got {self.test_fraction}")
@@ -104,12 +114,28 @@ class DataConfig(SectionConfig):
         base, ways, shots, sessions = self.protocol_shape()
         if self.novel_shapes and self.dataset != "synthetic":
             _fail_data("novel_shapes", f"applies to dataset synthetic only, got dataset {self.dataset!r}")
-        if self.dataset == "synthetic":
+        if self.generated:
             error = class_count_error(base, ways * sessions, self.novel_shapes)
             if error is not None:
                 _fail_data(*error)
-            if self.novel_pool_per_class < shots:
-                _fail_data("novel_pool_per_class", f"must be >= shots ({shots}), got {self.novel_pool_per_class}")
+            if (pool := self.generated_counts()[1]) < shots:
+                _fail_data("novel_pool_per_class", f"must be >= shots ({shots}), got {pool}")
+
+    @property
+    def generated(self) -> bool:
+        """Whether the images come from the synthetic generator (dataset synthetic, or source synthetic)."""
+        return self.dataset == "synthetic" or self.source == "synthetic"
+
+    def generated_counts(self) -> tuple[int, int, int]:
+        """(train_per_class, novel_pool_per_class, test_per_class) of generated data, nulls filled in: the synthetic
+        benchmark's, or with source synthetic the benchmark's own counts."""
+        if self.dataset == "synthetic":
+            defaults = (SyntheticSpec.train_per_class, SyntheticSpec.novel_pool_per_class, SyntheticSpec.test_per_class)
+        else:
+            b = BENCHMARKS[self.dataset]
+            defaults = (b.train_per_class, b.train_per_class, b.test_per_class)
+        given = (self.train_per_class, self.novel_pool_per_class, self.test_per_class)
+        return tuple(d if g is None else g for g, d in zip(given, defaults, strict=True))  # type: ignore[return-value]
 
     def protocol_shape(self) -> tuple[int | None, int, int, int]:
         """(base_classes, ways, shots, sessions) with nulls filled from the dataset's standard protocol."""

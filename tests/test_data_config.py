@@ -27,7 +27,7 @@ def test_defaults_and_protocol_shapes() -> None:
 
 
 @pytest.mark.parametrize(("values", "message"), [
-    ({"datset": "cifar100"}, r"params: unknown key data.datset \(valid: dataset, root, "),
+    ({"datset": "cifar100"}, r"params: unknown key data.datset \(valid: dataset, source, root, "),
     ({"dataset": "imagenet"}, "params: data.dataset must be one of synthetic, cifar100, mini_imagenet, cub200, "
                               "class_folder, omniglot, got 'imagenet'"),
     ({"image_size": "32"}, "params: data.image_size must be an integer, got '32'"),
@@ -43,7 +43,10 @@ def test_defaults_and_protocol_shapes() -> None:
     ({"dataset": "cub200", "root": "r"}, "params: data.split_dir is required for dataset 'cub200'"),
     ({"checksums": ["abc"]}, "params: data.checksums must be a mapping of strings to strings"),
     ({"checksums": {"meta": "xyz"}}, "params: data.checksums.meta must be a hex md5 or sha256, got 'xyz'"),
-    ({"base_classes": 80, "sessions": 10}, r"params: data.base_classes \+ ways x sessions must be <= 108"),
+    ({"base_classes": 200, "sessions": 10}, r"params: data.base_classes \+ ways x sessions must be <= 240"),
+    ({"source": "synthetic"}, "params: data.source synthetic applies to cifar100, mini_imagenet, cub200, got dataset "
+                              "'synthetic'"),
+    ({"dataset": "cifar100", "source": "web"}, "params: data.source must be files or synthetic, got 'web'"),
     ({"shots": 30}, r"params: data.novel_pool_per_class must be >= shots \(30\), got 20"),
 ])
 def test_rejects(values: dict, message: str, tmp_path: Path) -> None:

@@ -35,12 +35,16 @@ class BenchmarkShape:
     sessions: int
     consecutive: bool = False
     """Session t must hold exactly the next `ways` source labels (true of the CIFAR-100 lists)."""
+    train_per_class: int = 0
+    """Training images per class (CUB: about; its base session has 3000 for 100 classes)."""
+    test_per_class: int = 0
+    """Test images per class (CUB: about; its base test set has 2864 for 100 classes)."""
 
 
 BENCHMARKS = {
-    "cifar100": BenchmarkShape(60, 5, 5, 8, consecutive=True),
-    "mini_imagenet": BenchmarkShape(60, 5, 5, 8),
-    "cub200": BenchmarkShape(100, 10, 5, 10),
+    "cifar100": BenchmarkShape(60, 5, 5, 8, consecutive=True, train_per_class=500, test_per_class=100),
+    "mini_imagenet": BenchmarkShape(60, 5, 5, 8, train_per_class=500, test_per_class=100),
+    "cub200": BenchmarkShape(100, 10, 5, 10, train_per_class=30, test_per_class=29),
 }
 
 

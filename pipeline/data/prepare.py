@@ -32,11 +32,15 @@ def _config_provenance(cfg: DataConfig) -> dict[str, Any]:
 
 
 def _synthetic(cfg: DataConfig) -> PackContent:
+    """The synthetic benchmark, or with source synthetic the generator at a benchmark's shape: drawn at 32 px
+    (CIFAR's side, whatever the benchmark's) and resized, and augmented and normalised by the benchmark's preset."""
     base, ways, shots, sessions = cfg.protocol_shape()
-    spec = SyntheticSpec(base_classes=base, ways=ways, shots=shots, sessions=sessions,
-                         train_per_class=cfg.train_per_class, novel_pool_per_class=cfg.novel_pool_per_class,
-                         test_per_class=cfg.test_per_class, image_size=cfg.resolved_image_size, seed=cfg.seed,
-                         novel_shapes=cfg.novel_shapes)
+    train, pool, test = cfg.generated_counts()
+    size = cfg.resolved_image_size
+    spec = SyntheticSpec(base_classes=base, ways=ways, shots=shots, sessions=sessions, train_per_class=train,
+                         novel_pool_per_class=pool, test_per_class=test, image_size=size, seed=cfg.seed,
+                         novel_shapes=cfg.novel_shapes,
+                         render_size=min(size, SyntheticSpec.image_size) if cfg.source == "synthetic" else None)
     content = synthetic_pack_content(spec, preset=cfg.dataset)
     content.provenance.update(_config_provenance(cfg))
     return content
@@ -94,7 +98,7 @@ def build_pack(cfg: DataConfig, out: Path, check: Callable[[FSCILProtocol], None
     with nothing at `out`.
     """
     start = time.perf_counter()
-    content = BUILDERS[cfg.dataset](cfg)
+    content = (_synthetic if cfg.generated else BUILDERS[cfg.dataset])(cfg)
     protocol = content.protocol
     if check is not None:
         check(protocol)

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+from PIL import Image
 
 from pipeline.data.pack import PackContent
 from pipeline.data.protocol import FSCILProtocol, Session
@@ -33,9 +34,12 @@ SHAPES = ("disc", "square", "triangle", "ring", "cross", "semicircle")
 NOVEL_SHAPES = ("star", "crescent", "bar", "ell")  # only incremental classes, and only with novel_shapes > 0
 COLOURS = ("red", "yellow", "green", "cyan", "blue", "magenta")  # hues 0, 60, ..., 300 degrees
 TEXTURES = ("solid", "stripes", "checker")
+EXTRA_TEXTURES = ("rings",)  # only in the extension pool: classes beyond the 108 of the default benchmark
 RENDER_CHUNK = 512
 CLASSES_PER_SHAPE = len(COLOURS) * len(TEXTURES)
 MAX_CLASSES = len(SHAPES) * CLASSES_PER_SHAPE  # of the six base families; novel_shapes adds its own families
+# more classes than MAX_CLASSES (a CUB-200-shaped set): the 108, then the novel families' 72 and every family in rings
+MAX_EXTENDED = MAX_CLASSES + len(NOVEL_SHAPES) * CLASSES_PER_SHAPE + (len(SHAPES) + len(NOVEL_SHAPES)) * len(COLOURS)
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class SyntheticSpec:
     image_size: int = 32
     seed: int = 0
     novel_shapes: int = 0  # incremental classes in shape families no base class has (0: the default benchmark)
+    render_size: int | None = None  # images drawn at this side and resized to image_size (None: drawn at image_size)
 
     @property
     def num_classes(self) -> int:
@@ -60,12 +65,12 @@ class SyntheticSpec:
 
 def class_count_error(base_classes: int, incremental_classes: int, novel_shapes: int) -> tuple[str, str] | None:
     """(the key to blame, why) when the synthetic set cannot hold this many classes, else None: without novel
-    shapes all classes share the 108 combinations; with n novel families the base classes take the 108 and the
-    incremental classes the n x 18 of their own families."""
+    shapes all classes share the 108 combinations, and up to 240 with the extension pool (`class_attributes`); with
+    n novel families the base classes take the 108 and the incremental classes the n x 18 of their own families."""
     if not 0 <= novel_shapes <= len(NOVEL_SHAPES):
         return "novel_shapes", f"must be 0..{len(NOVEL_SHAPES)}, got {novel_shapes}"
-    if novel_shapes == 0 and base_classes + incremental_classes > MAX_CLASSES:
-        return "base_classes", f"+ ways x sessions must be <= {MAX_CLASSES} for synthetic, got " \
+    if novel_shapes == 0 and base_classes + incremental_classes > MAX_EXTENDED:
+        return "base_classes", f"+ ways x sessions must be <= {MAX_EXTENDED} for synthetic, got " \
                                f"{base_classes + incremental_classes}"
     if novel_shapes and (base_classes > MAX_CLASSES or incremental_classes > CLASSES_PER_SHAPE * novel_shapes):
         return "novel_shapes", f"{novel_shapes} gives at most {CLASSES_PER_SHAPE * novel_shapes} incremental " \
@@ -80,15 +85,23 @@ def class_attributes(num_classes: int, seed: int, base_classes: int | None = Non
 
     novel_shapes n > 0: the first `base_classes` rows are those of n = 0 and the rest a seeded choice of the
     combinations of the n families of NOVEL_SHAPES (shape indices 6, 7, ...), so no base class shares a novel
-    class's shape."""
+    class's shape. More than 108 classes (novel_shapes 0): the 108 in the same order, then a seeded order of the
+    extension pool (the novel families in the three textures, every family in rings), so the first 108 classes are
+    those of any smaller set."""
     base_classes = num_classes if base_classes is None else base_classes
     error = class_count_error(base_classes, num_classes - base_classes, novel_shapes)
     if error is not None:
         raise FSCILError(f"synthetic: {' '.join(error)}")
     rng = np.random.default_rng([seed, 1])
     combos = _combinations(range(len(SHAPES)))
-    if novel_shapes == 0:
+    if novel_shapes == 0 and num_classes <= MAX_CLASSES:
         return combos[rng.permutation(len(combos))[:num_classes]]
+    if novel_shapes == 0:
+        families = range(len(SHAPES) + len(NOVEL_SHAPES))
+        extension = np.concatenate([_combinations(range(len(SHAPES), len(families))),
+                                    np.array([(f, c, len(TEXTURES)) for f in families for c in range(len(COLOURS))])])
+        order = np.random.default_rng([seed, 5]).permutation(len(extension))[:num_classes - MAX_CLASSES]
+        return np.concatenate([combos[rng.permutation(len(combos))], extension[order]])
     base = combos[rng.permutation(len(combos))[:base_classes]]
     novel = _combinations(range(len(SHAPES), len(SHAPES) + novel_shapes))
     order = np.random.default_rng([seed, 4]).permutation(len(novel))[:num_classes - base_classes]
@@ -100,7 +113,7 @@ def _combinations(shapes: range) -> np.ndarray:
 
 
 def class_names(attributes: np.ndarray) -> list[str]:
-    return [f"{(SHAPES + NOVEL_SHAPES)[s]}-{COLOURS[c]}-{TEXTURES[t]}" for s, c, t in attributes]
+    return [f"{(SHAPES + NOVEL_SHAPES)[s]}-{COLOURS[c]}-{(TEXTURES + EXTRA_TEXTURES)[t]}" for s, c, t in attributes]
 
 
 def _hsv_to_rgb(h: np.ndarray, s: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -188,7 +201,11 @@ def render(attributes: np.ndarray, size: int, rng: np.random.Generator) -> np.nd
     phase = rng.uniform(0, 2 * np.pi, (2, b))
     wave_x = np.sin(2 * np.pi * px / period[:, None, None] + phase[0][:, None, None])
     wave_y = np.sin(2 * np.pi * py / period[:, None, None] + phase[1][:, None, None])
-    pattern = np.choose(texture[:, None, None], [np.ones_like(px), wave_x, wave_x * wave_y])
+    textures = [np.ones_like(px), wave_x, wave_x * wave_y]
+    if texture.max(initial=0) >= len(TEXTURES):  # rings: only in the extension pool
+        radial = np.sqrt(px * px + py * py)
+        textures.append(np.sin(2 * np.pi * radial / period[:, None, None] + phase[0][:, None, None]))
+    pattern = np.choose(texture[:, None, None], textures)
     depth = rng.uniform(0.45, 0.75, b)[:, None, None]
     shade = 1.0 - depth * (1.0 - np.clip(0.5 + 1.5 * pattern, 0.0, 1.0))
     img = img * (1 - alpha) + col[:, None, None] * shade[..., None] * alpha
@@ -220,10 +237,17 @@ def synthetic_protocol(spec: SyntheticSpec, labels: np.ndarray, is_test: np.ndar
     return FSCILProtocol(sessions, np.flatnonzero(is_test))
 
 
-def _stream(attributes: np.ndarray, labels: np.ndarray, size: int, seed: int) -> Iterator[np.ndarray]:
+def _stream(attributes: np.ndarray, labels: np.ndarray, size: int, seed: int,
+            render_size: int | None = None) -> Iterator[np.ndarray]:
     rng = np.random.default_rng([seed, 3])
     for start in range(0, len(labels), RENDER_CHUNK):
-        yield render(attributes[labels[start : start + RENDER_CHUNK]], size, rng)
+        chunk = render(attributes[labels[start : start + RENDER_CHUNK]], render_size or size, rng)
+        yield chunk if render_size in (None, size) else _resized(chunk, size)
+
+
+def _resized(images: np.ndarray, size: int) -> np.ndarray:
+    """(B, s, s, 3) uint8 -> (B, size, size, 3), bilinear: a large image side at the cost of a small one."""
+    return np.stack([np.asarray(Image.fromarray(img).resize((size, size), Image.BILINEAR)) for img in images])
 
 
 def synthetic_pack_content(spec: SyntheticSpec, preset: str = "synthetic") -> PackContent:
@@ -243,7 +267,7 @@ def synthetic_pack_content(spec: SyntheticSpec, preset: str = "synthetic") -> Pa
         labels=labels,
         class_names=names,
         protocol=protocol,
-        images=_stream(attributes, labels, spec.image_size, spec.seed),
+        images=_stream(attributes, labels, spec.image_size, spec.seed, spec.render_size),
         provenance={"generator": "synthetic", "params": {k: getattr(spec, k) for k in spec.__dataclass_fields__}},
         source_keys=[f"{split[i]}/{names[labels[i]]}/{i}" for i in range(len(labels))],
     )
