@@ -158,6 +158,37 @@ def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Pa
     typer.echo(f"params fragment: {out / 'selected.yaml'}")
 
 
+@app.command("speed")
+def speed(params: ParamsOpt = Path("params.yaml"), overrides: SetOpt = None,
+          out: Annotated[Path, typer.Option("--out", help="Output folder: speed.csv and speed.md.")] = Path(
+              "data/speed"),
+          keep: Annotated[bool, typer.Option("--keep", help="Keep the run's outputs in <out>.work.")] = False) -> None:
+    """Time every stage of the configured run once (prepare, base, extract, each session, report) on a scratch
+    folder: seconds, peak GPU memory, base images/s. With -S +data.source=synthetic a paper preset runs at its shape
+    without its dataset; -S base.epochs=N shortens the base stage (seconds per epoch scale to the preset's)."""
+    import shutil
+
+    from pipeline.atomic import atomic_output
+    from pipeline.research.speed import device_label, speed_markdown, time_stages
+    from pipeline.training.runtime import run_device
+
+    cfg = _config(params, overrides)
+    out = _project_path(out)
+    work = out.with_name(out.name + ".work")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        table = _run("speed", time_stages, cfg, work, echo_line)
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    text = speed_markdown(table, cfg, device_label(run_device(cfg)))
+    with atomic_output(out, directory=True) as tmp:
+        table.to_csv(tmp / "speed.csv", index=False)
+        (tmp / "speed.md").write_text(text)
+    typer.echo(text + f"wrote {out / 'speed.csv'} and {out / 'speed.md'}")
+
+
 @app.command("study")
 def study(variants: Annotated[str, typer.Option(help="Comma-separated variants (pipeline/variants/).")] = (
               "mlp_baseline,single_ssm,dual_ssm,mamba_fscil"),

@@ -324,9 +324,10 @@ def save_resume_point(run: BaseRun, ckpt: Path, meta: dict, done: int, history: 
 
 
 def finish_base(cfg, run: BaseRun, pack: ImagePack, device, history: list[float], out_dir: Path | None,
-                started: float) -> dict:
+                started: float, rates: list[float] | None = None) -> dict:
     """After the last epoch: the not-learning check, precise BatchNorm when asked, and on the main process the
-    base-class test accuracy and the written model (model.safetensors + metrics.json)."""
+    base-class test accuracy and the written model (model.safetensors + metrics.json). rates: the training images
+    per second of the epochs run in this process (their median is reported)."""
     if not_learning(history):
         raise TrainingDiverged(f"base training: the mean loss of the last epoch ({history[-1]:.4g}) is not below "
                                f"the first epoch's ({history[0]:.4g}); nothing written (lower base.lr)")
@@ -345,7 +346,8 @@ def finish_base(cfg, run: BaseRun, pack: ImagePack, device, history: list[float]
               "preset": cfg.preset, "projector": cfg.model.projector, "train_loss": history,
               "epochs": cfg.base.epochs, "steps": cfg.base.epochs * (len(run.images) // cfg.base.batch_size),
               "world_size": run.group.world_size, "precise_bn_layers": recalibrated,
-              "num_sessions": len(protocol.sessions), "seconds": round(time.time() - started, 2)}
+              "num_sessions": len(protocol.sessions), "seconds": round(time.time() - started, 2),
+              "images_per_second": round(float(np.median(rates)), 1) if rates else None}
     _write_base_model(Path(out_dir), run.model, cfg, pack, run.preset.input_size, result)
     return result
 
@@ -366,12 +368,14 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
         ckpt = Path(checkpoint_dir) / RESUME_FILE
         start_epoch, history = _resume(ckpt, meta, run.model, run.aux_head, run.opt)
         progress = ProgressLog("base", cfg.base.epochs, "epoch", start=start_epoch, enabled=group.is_main)
+        rates: list[float] = []  # training images per second of each epoch run here
         for epoch in range(start_epoch, cfg.base.epochs):
             epoch_started = time.perf_counter()
             history.append(train_epoch(cfg, run, epoch, device, show_progress))
             done = epoch + 1
             images = (len(run.images) // cfg.base.batch_size) * cfg.base.batch_size
             rate = images / max(time.perf_counter() - epoch_started, 1e-9)
+            rates.append(rate)
             progress.update(done, loss=f"{history[-1]:.4f}", lr=f"{run.opt.param_groups[0]['lr']:.4g}",
                             **{"img/s": f"{rate:.0f}"})
             if group.is_main and (done % cfg.base.checkpoint_every == 0 or done == cfg.base.epochs):
@@ -379,7 +383,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
             barrier(group)
             if stop_after_epoch is not None and done >= stop_after_epoch:
                 return {}
-        result = finish_base(cfg, run, pack, device, history, out_dir, started)
+        result = finish_base(cfg, run, pack, device, history, out_dir, started, rates)
         barrier(group)
     cleanup(group)
     return result
