@@ -157,6 +157,10 @@ def model_cost(
                                               "the settings training runs under (README \"Two profiles\").")] = "exact",
     paper_table: Annotated[bool, typer.Option("--paper-table", help="The paper's projector profiling table instead "
                                               "(batch 8, four feature settings; out/paper_table.csv).")] = False,
+    scan_grid: Annotated[bool, typer.Option("--scan-grid", help="The selective scans alone at the paper presets' "
+                                            "SS2D shapes, batch 8 / 64 / 512 (out/scan_grid.csv), and the rows of "
+                                            "pipeline/ops/scan_dispatch.py that make `scan: auto` take the fastest."
+                                            )] = False,
     out: Annotated[Path, typer.Option(help="Output folder: cost.csv and cost.png.")] = Path("data/cost"),
 ) -> None:
     """Cost curves of the projector: parameters, inference and training-step time against the number of sessions
@@ -174,6 +178,9 @@ def model_cost(
     deterministic, precision = PROFILES[profile]
     if device.startswith("cuda"):
         _run("model cost", resolve_device, device, deterministic, timed=False)
+    if scan_grid:
+        _write_scan_grid(out, device, repeats, tuple(scans.split(",")), profile)
+        return
     if paper_table:
         table = _run("model cost", paper_profile, repeats, device, precision, tuple(scans.split(",")),
                      log=lambda line: typer.echo(line, err=True))
@@ -204,3 +211,21 @@ def model_cost(
     plot_cost_curves(table, out / "cost.png", f"projector cost, {preset} widths, {channels} channels, batch {batch}, "
                      f"{device} ({threads} threads)")
     typer.echo(f"wrote {out / 'cost.csv'} and {out / 'cost.png'}")
+
+
+def _write_scan_grid(out: Path, device: str, repeats: int, scans: tuple[str, ...], profile: str) -> None:
+    import datetime
+
+    import torch
+
+    from pipeline.atomic import atomic_output
+    from pipeline.ops.scan_dispatch import grid_literal
+    from pipeline.research.benchmark import grid_rows, scan_grid
+
+    table = _run("model cost", scan_grid, device, repeats, scans, log=lambda line: typer.echo(line, err=True))
+    name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_output(out / "scan_grid.csv") as tmp:
+        table.assign(device=name, profile=profile).to_csv(tmp, index=False)
+    typer.echo(grid_literal(name, datetime.date.today().isoformat(), grid_rows(table)))
+    typer.echo(f"wrote {out / 'scan_grid.csv'}; paste the rows above into MEASURED in pipeline/ops/scan_dispatch.py")

@@ -28,6 +28,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from pipeline.names import SCAN_CHOICES
+from pipeline.ops.scan_dispatch import MEASURED, fastest
 
 try:
     from mamba_ssm.ops.selective_scan_interface import selective_scan_fn as _cuda_selective_scan
@@ -76,12 +77,45 @@ def selective_scan(
     u, delta: (b, d, l); A: (d, n); B, C: (b, n, l) or (b, g, n, l); D, delta_bias: (d,);
     z: (b, d, l). Returns (b, d, l) in u's dtype.
     """
-    if u.is_cuda and _scan_choice == "triton":
+    choice = _scan_choice
+    if u.is_cuda and choice == "auto":
+        grad = _needs_grad((u, delta, A, B, C, D, z, delta_bias))
+        choice = measured_choice(_device_name(u.device), (*u.shape, A.shape[1]), grad) or "auto"
+    if u.is_cuda and choice == "triton":
         _check_shapes(u, delta, A, B, C, D, z, delta_bias)
         return _triton_scan()(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
-    if u.is_cuda and _scan_choice != "torch" and use_kernel(_needs_grad((u, delta, A, B, C, D, z, delta_bias))):
+    if u.is_cuda and choice != "torch" and use_kernel(_needs_grad((u, delta, A, B, C, D, z, delta_bias))):
         return _cuda_selective_scan(u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
     return selective_scan_torch(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+
+
+_device_names: dict[int, str] = {}
+
+
+def _device_name(device: torch.device) -> str:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _device_names:
+        _device_names[index] = torch.cuda.get_device_name(index)
+    return _device_names[index]
+
+
+def measured_choice(device_name: str, shape: tuple[int, int, int, int], grad: bool) -> str | None:
+    """`scan: auto` on a GPU with timings in `scan_dispatch.MEASURED`: the scan fastest at the nearest measured
+    shape (b, d, l, n) among those allowed now (mamba-ssm's kernel when `use_kernel` allows it, ours when triton
+    imports); None (the rule without a table) on a GPU with none."""
+    rows = MEASURED.get(device_name)
+    if not rows:
+        return None
+    allowed = {"torch"} | ({"mamba"} if use_kernel(grad) else set()) | ({"triton"} if _triton_available() else set())
+    return fastest(rows, shape, grad, allowed)
+
+
+def _triton_available() -> bool:
+    try:
+        _triton_scan()
+    except ValueError:
+        return False
+    return True
 
 
 def _needs_grad(inputs: tuple[Tensor | None, ...]) -> bool:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -194,6 +195,63 @@ def paper_profile(repeats: int, device: str, precision: str = "fp32", scans: tup
         ratio = table[col].to_numpy() / dual.loc[key, col].to_numpy()
         table[f"{col.removesuffix('_ms')}_vs_dual_mlp"] = ratio.round(2)
     return table
+
+
+SCAN_GRID_PRESETS = ("cifar100", "mini_imagenet", "cub200")
+SCAN_GRID_BATCHES = (8, 64, 512)
+
+
+def _scan_inputs(b: int, k: int, d_inner: int, n: int, tokens: int, device: str) -> dict[str, torch.Tensor]:
+    """Seeded inputs of one SS2D-shaped selective scan: K groups of d_inner channels, B and C per group."""
+    gen = torch.Generator().manual_seed(0)
+    d = k * d_inner
+    return {"u": torch.randn(b, d, tokens, generator=gen).to(device).requires_grad_(),
+            "delta": torch.randn(b, d, tokens, generator=gen).to(device).requires_grad_(),
+            "A": (-torch.rand(d, n, generator=gen) - 0.5).to(device),
+            "B": torch.randn(b, k, n, tokens, generator=gen).to(device).requires_grad_(),
+            "C": torch.randn(b, k, n, tokens, generator=gen).to(device).requires_grad_(),
+            "D": torch.ones(d, device=device), "delta_bias": torch.zeros(d, device=device)}
+
+
+def _scan_once(inputs: dict[str, torch.Tensor], grad: bool, sync: Callable[[], None]) -> None:
+    from pipeline.ops.selective_scan import selective_scan
+
+    with torch.set_grad_enabled(grad):
+        y = selective_scan(**inputs, delta_softplus=True)
+        if grad:
+            torch.autograd.grad(y.sum(), [t for t in inputs.values() if t.requires_grad])
+    sync()
+
+
+def scan_grid(device: str, repeats: int, scans: tuple[str, ...], presets: tuple[str, ...] = SCAN_GRID_PRESETS,
+              batches: tuple[int, ...] = SCAN_GRID_BATCHES, log: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """Median ms of the selective scan alone at each preset's SS2D shape (d = K x d_inner channels in K groups,
+    n = d_state, l = the map's tokens) and each batch, forward without gradients and forward + backward, under each
+    of `scans`: the timings `scan: auto` dispatches by (pipeline/ops/scan_dispatch.py)."""
+    say = log or (lambda line: None)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    rows = []
+    for preset in presets:
+        model, _ = preset_model_config(preset, {})
+        k, d_inner, n, side = model.k_paths, model.expand * model.dim, model.d_state, preset_map(preset)[1]
+        for b in batches:
+            inputs = _scan_inputs(b, k, d_inner, n, side * side, device)
+            for scan in each_scan(scans, device):
+                for grad in (False, True):
+                    ms = _median_ms(functools.partial(_scan_once, inputs, grad, sync), repeats)
+                    rows.append({"preset": preset, "b": b, "d": k * d_inner, "l": side * side, "n": n, "grad": grad,
+                                 "scan": scan, "ms": round(ms, 4)})
+                    say(f"scan grid: {preset} b {b} d {k * d_inner} l {side * side} n {n} "
+                        f"{'fwd+bwd' if grad else 'fwd'} {scan}: {ms:.3f} ms")
+    return pd.DataFrame(rows)
+
+
+def grid_rows(table: pd.DataFrame) -> list[tuple]:
+    """`scan_grid`'s table as scan_dispatch.MEASURED rows: (b, d, l, n, grad, {scan: ms})."""
+    rows = []
+    for (b, d, l_, n, grad), group in table.groupby(["b", "d", "l", "n", "grad"], sort=False):
+        rows.append((int(b), int(d), int(l_), int(n), bool(grad), dict(zip(group.scan, group.ms, strict=True))))
+    return rows
 
 
 def plot_cost_curves(table: pd.DataFrame, path: Path, title: str) -> None:
