@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install repro kernels test test-cuda lint
+.PHONY: install repro kernels test test-cuda lint gpu-wheels
 
 # torch is pinned through constraints.txt to the local CPU build (an unpinned torch pulls CUDA wheels);
 # torchvision's CUDA build is made importable by pipeline/compat/torchvision_cpu.py (a lazy .pth hook).
@@ -50,3 +50,9 @@ test-cuda: kernels
 
 lint:
 	$(BIN)/ruff check .
+
+# what a lent GPU machine lacks (its image has no zarr and no package registry), as wheels for its Python 3.12:
+# carried to it in .ci/wheels (git-ignored) for .ci/gpu-paper-scale
+gpu-wheels: $(BIN)/fscil
+	$(BIN)/pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+	  --platform manylinux2014_x86_64 -d .ci/wheels "zarr==$$($(BIN)/python -c 'import zarr; print(zarr.__version__)')"
