@@ -22,6 +22,8 @@ loop) that keeps the decays exp(dt * A) and the states h, two (l, b, d, n) float
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -40,9 +42,11 @@ _scan_choice = "auto"  # params `scan`, set for the process by `set_scan` (pipel
 
 
 def set_scan(choice: str) -> None:
-    """Which scan CUDA tensors take (params `scan`): auto (mamba_ssm's kernel where `use_kernel` allows it, else
+    """Which scan CUDA tensors take (params `scan`): auto (on a GPU with rows in `scan_dispatch.MEASURED` the
+    fastest measured scan per shape, `measured_choice`; else mamba_ssm's kernel where `use_kernel` allows it, else
     PyTorch), torch, triton (ours, `pipeline.ops.selective_scan_triton`: deterministic, so it trains under
-    `deterministic: true` too) or mamba (as auto, but mamba_ssm must be installed). CPU tensors always take PyTorch."""
+    `deterministic: true` too) or mamba (its kernel where `use_kernel` allows it, else PyTorch; mamba_ssm must be
+    installed). CPU tensors always take PyTorch."""
     if choice not in SCAN_CHOICES:
         raise ValueError(f"scan must be one of {', '.join(SCAN_CHOICES)}, got {choice!r}")
     if choice == "mamba" and _cuda_selective_scan is None:
@@ -110,6 +114,7 @@ def measured_choice(device_name: str, shape: tuple[int, int, int, int], grad: bo
     return fastest(rows, shape, grad, allowed)
 
 
+@functools.cache
 def _triton_available() -> bool:
     try:
         _triton_scan()
