@@ -74,7 +74,8 @@ class Config:
     precision: str = "fp32"
     """fp32, or bf16 autocast in the training steps and extraction (`pipeline.precision`; the fast profile)."""
     nproc_per_node: int = 1
-    """Processes of base training (torchrun, one GPU each); results depend on base.batch_size, not on this."""
+    """Processes of base training and extraction (torchrun, one GPU each); results depend on base.batch_size, not
+    on this."""
     origins: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     """Dotted key -> the layer its value came from (module docstring)."""
 

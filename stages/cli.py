@@ -74,6 +74,15 @@ def prepare(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path
     _show(summary, ("dataset", "num_images", "num_classes", "num_sessions", "content_hash", "seconds"))
 
 
+def _under_torchrun(cfg, stage: str, params: Path, data_dir: Path, quiet: bool, overrides: list[str] | None) -> None:
+    """params nproc_per_node > 1: this stage again under torchrun, one process per GPU (what `dvc repro` runs);
+    exits with its code. Inside torchrun (WORLD_SIZE set) it returns, and the stage runs."""
+    if cfg.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
+        args = ["stage", stage, "--params", str(params), "--data-dir", str(data_dir), *(["--quiet"] if quiet else []),
+                *[a for o in overrides or () for a in ("-S", o)]]
+        raise typer.Exit(launch_torchrun(cfg.nproc_per_node, args))
+
+
 @stage_app.command("base")
 def base(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"), quiet: QuietOpt = False,
          overrides: SetOpt = None) -> None:
@@ -81,10 +90,7 @@ def base(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("d
     from stages import base as stage
 
     cfg = _config(params, overrides)
-    if cfg.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:  # params nproc_per_node: this stage under torchrun
-        args = ["stage", "base", "--params", str(params), "--data-dir", str(data_dir), *(["--quiet"] if quiet else []),
-                *[a for o in overrides or () for a in ("-S", o)]]
-        raise typer.Exit(launch_torchrun(cfg.nproc_per_node, args))
+    _under_torchrun(cfg, "base", params, data_dir, quiet, overrides)
     summary = _run("base", stage.run, cfg, _paths(data_dir), show_progress=not quiet)
     if summary:
         typer.echo(f"base: accuracy {summary['acc']:.2f} on the base classes ({summary['epochs']} epochs)", err=True)
@@ -98,8 +104,10 @@ def extract(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path
     from stages import extract as stage
 
     cfg = _config(params, overrides)
-    _show(_run("extract", stage.run, cfg, _paths(data_dir), show_progress=not quiet),
-          ("test", "fewshot", "base_classes", "map_shape", "seconds"))
+    _under_torchrun(cfg, "extract", params, data_dir, quiet, overrides)
+    summary = _run("extract", stage.run, cfg, _paths(data_dir), show_progress=not quiet)
+    if summary:  # rank 0's (the others return theirs too; one line is enough)
+        _show(summary, ("test", "fewshot", "base_classes", "map_shape", "seconds"))
 
 
 @stage_app.command("incremental")

@@ -218,3 +218,42 @@ def test_nproc_per_node_is_validated_and_left_out_of_digests():
             build_config({"nproc_per_node": bad})
     # a base model trained by 1 or by 4 processes is the same model: stored runs and caches do not key on it
     assert build_config({"nproc_per_node": 4}).to_dict(for_digest=True) == build_config({}).to_dict(for_digest=True)
+
+
+def _store_arrays(path: Path) -> dict:
+    import numpy as np
+    import zarr
+
+    root = zarr.open_group(str(path), mode="r")
+    return {name: np.asarray(a[...]) for name, a in root.members(max_depth=None) if isinstance(a, zarr.Array)}
+
+
+def test_extract_stage_depends_on_the_batches_not_the_process_count(tmp_path):
+    """params nproc_per_node 2: each process runs the backbone on its half of every batch (the augmented views drawn
+    alike everywhere) and rank 0 writes the gathered maps: every array of the store equals the one process's."""
+    import numpy as np
+
+    device = TEST_DEVICE if TEST_DEVICE == "cpu" or torch.cuda.device_count() >= 2 else "cpu"
+    params = write_params(tmp_path / "params.yaml", device=device,
+                          extract={"memory": "sampled", "memory_k": 2, "deviations": 2, "augmented_views": 1,
+                                   "batch_size": 7})
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_stage("prepare", params, one)
+    run_stage("base", params, one)
+    shutil.copytree(one, two)
+    run_stage("extract", params, one)
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stages.cli", "stage", "extract", "--params", str(params), "--data-dir", str(two),
+         "--quiet", "-S", "nproc_per_node=2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "stage extract: 2 processes under torchrun" in proc.stderr
+    single, double = _store_arrays(StagePaths(one).features), _store_arrays(StagePaths(two).features)
+    assert single.keys() == double.keys() and {"test/maps", "fewshot/maps", "memory/base_deviations"} <= set(single)
+    for name, array in single.items():
+        if array.dtype.kind == "f":
+            np.testing.assert_allclose(double[name], array, atol=E2E_TOL, rtol=E2E_TOL, err_msg=name)
+        else:
+            np.testing.assert_array_equal(double[name], array, err_msg=name)
+    assert single["test/maps"].std() > 0.01  # real maps, in an order a wrong gather would break

@@ -36,6 +36,15 @@ class ProcessGroup:
         per = global_batch // self.world_size
         return slice(self.rank * per, (self.rank + 1) * per)
 
+    def bounds(self, n: int) -> list[int]:
+        """Where each process's contiguous part of n rows starts (and the end): sizes differ by at most one."""
+        return [n * r // self.world_size for r in range(self.world_size + 1)]
+
+    def local_part(self, n: int) -> slice:
+        """This process's part of n rows (`bounds`), for work that needs no equal slices (extraction)."""
+        bounds = self.bounds(n)
+        return slice(bounds[self.rank], bounds[self.rank + 1])
+
 
 def init_process_group(device: torch.device) -> ProcessGroup:
     """Join the torchrun group when launched by torchrun (WORLD_SIZE > 1); otherwise a single process."""
@@ -54,6 +63,20 @@ def all_reduce_sum(t: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
         t = t.clone()
         dist.all_reduce(t)
     return t
+
+
+def gather_rows(local: torch.Tensor, n: int, group: ProcessGroup) -> torch.Tensor:
+    """The n rows every process holds a `local_part` of, in order, on every process (padded to equal sizes for the
+    all-gather, the padding dropped)."""
+    if group.world_size == 1:
+        return local
+    bounds = group.bounds(n)
+    size = max(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+    padded = local.new_zeros((size, *local.shape[1:]))
+    padded[:len(local)] = local
+    parts = [torch.empty_like(padded) for _ in range(group.world_size)]
+    dist.all_gather(parts, padded)
+    return torch.cat([part[:b - a] for part, a, b in zip(parts, bounds, bounds[1:], strict=False)])
 
 
 def barrier(group: ProcessGroup) -> None:

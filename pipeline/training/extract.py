@@ -8,6 +8,7 @@ extract.deviations base training maps per class minus their class mean (their wi
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from pipeline.seeding import DEVIATION, EXTRACT_VIEW, MEMORY, seeded_generator
 from pipeline.store.feature_store import FeatureStoreWriter
 from pipeline.store.memory import memory_rows
 from pipeline.training.base_model import load_base_model
+from pipeline.training.distributed import ProcessGroup, barrier, cleanup, gather_rows, init_process_group
 from pipeline.training.progress import ProgressLog
 from pipeline.training.runtime import run_device
 
@@ -33,23 +35,40 @@ def _batches(ids: np.ndarray, size: int):
         yield start, ids[start:start + size]
 
 
-class Extractor:
-    """Maps of the frozen backbone written into the store, batch by batch, with one progress bar and line."""
+class _NoWriter:
+    """What a process other than the main one writes under torchrun: nothing (it computes its part of each batch)."""
 
-    def __init__(self, cfg, pack: ImagePack, backbone, preset, device, writer: FeatureStoreWriter, total: int,
-                 show_progress: bool, progress_lines: bool):
+    def write(self, *args) -> None:
+        pass
+
+    write_view = write
+
+    def finish(self) -> None:
+        pass
+
+
+class Extractor:
+    """Maps of the frozen backbone written into the store, batch by batch, with one progress bar and line. Under
+    torchrun each process runs the backbone on its part of every batch (the batch and its augmentation draws are
+    the same everywhere) and the main process writes the gathered maps."""
+
+    def __init__(self, cfg, pack: ImagePack, backbone, preset, device, writer: FeatureStoreWriter | _NoWriter,
+                 total: int, show_progress: bool, progress_lines: bool, group: ProcessGroup | None = None):
         self.cfg, self.pack, self.backbone, self.preset, self.device, self.writer = (cfg, pack, backbone, preset,
                                                                                      device, writer)
+        self.group = group or ProcessGroup()
         self.size, self.dtype = cfg.extract.batch_size, np.dtype(cfg.extract.dtype)
-        self.bar = tqdm(total=total, desc="extract", unit="img", disable=not show_progress)
-        self.progress = ProgressLog("extract", total, "image", enabled=progress_lines)
+        main = self.group.is_main
+        self.bar = tqdm(total=total, desc="extract", unit="img", disable=not (show_progress and main))
+        self.progress = ProgressLog("extract", total, "image", enabled=progress_lines and main)
 
     def maps_of(self, ids: np.ndarray, gen: torch.Generator | None = None) -> np.ndarray:
         """Backbone maps (float32) of images `ids`, test transform (or the train augmentation drawn from `gen`)."""
         images = torch.from_numpy(self.pack.read_images(ids)).to(self.device)
         x = test_transform(images, self.preset) if gen is None else train_augment(images, self.preset, gen)
         with autocast(self.device, self.cfg.precision):  # params precision; the store keeps float32 (extract.dtype)
-            return self.backbone(image_layout(x, self.cfg.precision)).float().cpu().numpy()
+            local = self.backbone(image_layout(x[self.group.local_part(len(ids))], self.cfg.precision)).float()
+        return gather_rows(local.contiguous(), len(ids), self.group).cpu().numpy()
 
     def advance(self, count: int) -> None:  # the bar (a terminal) and the progress line (logs, dvc repro)
         self.bar.update(count)
@@ -109,11 +128,13 @@ class Extractor:
 
 
 @torch.no_grad()
-def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_progress: bool = True,
+def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path | None, show_progress: bool = True,
                      progress_lines: bool = True) -> dict:
-    """Write the store at `out_path` (the caller makes it atomic); returns a summary."""
+    """Write the store at `out_path` (the caller makes it atomic; None: a process other than torchrun's main one,
+    which computes its part and writes nothing); returns a summary."""
     started = time.time()
     device = run_device(cfg)
+    group = init_process_group(device)
     with ImagePack.open(pack_path) as pack:
         model, meta, ckpt_sha = load_base_model(cfg, base_dir, pack.content_hash)
         backbone = memory_format(model.backbone.to(device).eval(), cfg.precision)
@@ -133,7 +154,7 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
                                                                       seeded_generator(cfg.seed, MEMORY))]
         deviation_ids = base_ids[memory_rows(pack.labels[base_ids], "sampled", cfg.extract.deviations,
                                              seeded_generator(cfg.seed, DEVIATION))] if cfg.extract.deviations else []
-        writer = FeatureStoreWriter(
+        writer = _NoWriter() if out_path is None else FeatureStoreWriter(
             out_path, map_shape, {"test": len(test_ids), "fewshot": len(fewshot_ids)}, num_base, views,
             cfg.extract.dtype, cfg.extract.chunk_samples,
             attrs={"pack_hash": pack.content_hash, "checkpoint_sha256": ckpt_sha, "preset": pack.preset,
@@ -143,7 +164,7 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
             memory_rows=None if memory_ids is None else len(memory_ids), deviation_rows=len(deviation_ids),
         )
         total = len(test_ids) + len(fewshot_ids) * (1 + views) + len(base_ids)
-        run = Extractor(cfg, pack, backbone, preset, device, writer, total, show_progress, progress_lines)
+        run = Extractor(cfg, pack, backbone, preset, device, writer, total, show_progress, progress_lines, group)
         run.write_split("test", test_ids)
         run.write_split("fewshot", fewshot_ids, fewshot_session)
         run.write_views(fewshot_ids, views)
@@ -151,6 +172,8 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
         run.write_memory(means, base_classes, memory_ids)
         run.write_deviations(deviation_ids, means, slot)
         writer.finish()
+    barrier(group)
+    cleanup(group)
     return {"test": int(len(test_ids)), "fewshot": int(len(fewshot_ids)), "augmented_views": views, "memory": kind,
             "base_classes": int(len(base_classes)), "map_shape": list(map_shape), "checkpoint_sha256": ckpt_sha,
             "seconds": round(time.time() - started, 2)}
@@ -158,7 +181,11 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_
 
 def extract_stage(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_progress: bool = True,
                   progress_lines: bool = True) -> dict:
-    """The frozen backbone's maps and the class-mean memory into the Zarr store out_path."""
+    """The frozen backbone's maps and the class-mean memory into the Zarr store out_path; under torchrun every process
+    extracts its part of each batch, only rank 0 writes."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        extract_features(cfg, pack_path, base_dir, None, show_progress=False, progress_lines=False)
+        return {}
     with atomic_output(out_path, directory=True) as tmp:
         return extract_features(cfg, pack_path, base_dir, tmp, show_progress=show_progress,
                                 progress_lines=progress_lines)
