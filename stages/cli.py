@@ -170,7 +170,10 @@ def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Pa
 def speed(params: ParamsOpt = Path("params.yaml"), overrides: SetOpt = None,
           out: Annotated[Path, typer.Option("--out", help="Output folder: speed.csv and speed.md.")] = Path(
               "data/speed"),
-          keep: Annotated[bool, typer.Option("--keep", help="Keep the run's outputs in <out>.work.")] = False) -> None:
+          keep: Annotated[bool, typer.Option("--keep", help="Keep the run's outputs in <out>.work.")] = False,
+          pack_cache: Annotated[Path | None, typer.Option("--pack-cache", help="Folder keeping the image pack of "
+                                                          "each data section, built once for several runs.")] = None
+          ) -> None:
     """Time every stage of the configured run once (prepare, base, extract, each session, report) on a scratch
     folder: seconds, peak GPU memory, base images/s. With -S +data.source=synthetic a paper preset runs at its shape
     without its dataset; -S base.epochs=N shortens the base stage (seconds per epoch scale to the preset's)."""
@@ -186,7 +189,7 @@ def speed(params: ParamsOpt = Path("params.yaml"), overrides: SetOpt = None,
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     try:
-        table = _run("speed", time_stages, cfg, work, echo_line)
+        table = _run("speed", time_stages, cfg, work, echo_line, pack_cache)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)

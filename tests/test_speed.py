@@ -31,7 +31,8 @@ def test_speed_times_every_stage_and_keeps_nothing_but_the_table(tmp_path):
 
 def test_a_paper_preset_runs_at_its_shape_without_its_dataset(tmp_path):
     """The CIFAR-100 preset with one data key changed (its sizes cut for a CPU, D' 128 >= its 100 classes):
-    60 base classes + 8 sessions of 5-way 5-shot, as the preset says; the kept work folder holds its pack."""
+    60 base classes + 8 sessions of 5-way 5-shot, as the preset says; the kept work folder holds its pack, and a pack
+    cache builds it once for two runs."""
     model = [f"model.{k}={v}" for k, v in TINY_MODEL.items() if k not in ("backbone_widths", "dim")]
     sets = ["+data.source=synthetic", "data.train_per_class=9", "data.test_per_class=2",
             "data.novel_pool_per_class=5", "model.backbone_widths=[8,8,16,16]", "model.dim=128", *model,
@@ -47,5 +48,12 @@ def test_a_paper_preset_runs_at_its_shape_without_its_dataset(tmp_path):
     assert list(table.stage)[3:11] == [f"session {s}" for s in range(1, 9)]
     from pipeline.data.pack import ImagePack
 
-    with ImagePack.open(tmp_path / "speed.work" / "pack.h5") as pack:
+    (path,) = (tmp_path / "speed.work").glob("*.h5")
+    with ImagePack.open(path) as pack:
         assert (pack.preset, pack.image_size, pack.protocol.num_classes) == ("cifar100", 32, 100)
+    # a second run on the same data with a pack cache: the pack is built once, then reused
+    again = [a for a in args if a != "--keep"] + ["--pack-cache", str(tmp_path / "packs")]
+    for run in range(2):
+        assert cli(*again).exit_code == 0
+        assert pd.read_csv(tmp_path / "speed" / "speed.csv").set_index("stage").loc["prepare", "cached"] == bool(run)
+    assert len(list((tmp_path / "packs").glob("*.h5"))) == 1

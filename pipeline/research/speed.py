@@ -6,6 +6,7 @@ without its dataset."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,8 +14,9 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.config import Config, check_against_data
-from pipeline.data.prepare import build_pack
+from pipeline.data.pack import ImagePack
 from pipeline.report import write_report
+from pipeline.research.study import cached_pack
 from pipeline.training.base_session import base_stage
 from pipeline.training.extract import extract_stage
 from pipeline.training.incremental_session import session_stage
@@ -42,16 +44,22 @@ def _timed(rows: list[dict], stage: str, device, say: Callable[[str], None]) -> 
     say(f"speed: {stage} {row['seconds']:.1f} s" + (f", peak {row['peak_gpu_mib']} MiB" if cuda else ""))
 
 
-def time_stages(cfg: Config, work: Path, say: Callable[[str], None] | None = None) -> pd.DataFrame:
+def time_stages(cfg: Config, work: Path, say: Callable[[str], None] | None = None,
+                pack_cache: Path | None = None) -> pd.DataFrame:
     """prepare, base, extract, each session and report of `cfg` into `work` (the same stage functions `dvc repro`
     runs, in one process: no interpreter start-up or DVC bookkeeping per stage); one row per stage, then the
-    sessions' total and the whole run's."""
+    sessions' total and the whole run's. pack_cache: a folder keeping the image pack of each data section, so runs
+    on the same data (another profile, say) build it once (their prepare row says `cached`)."""
     say = say or (lambda line: None)
     device = run_device(cfg)
     rows: list[dict] = []
-    pack = work / "pack.h5"
+    check = functools.partial(check_against_data, cfg)
     with _timed(rows, "prepare", device, say) as row:
-        row["images"] = build_pack(cfg.data, pack, lambda protocol: check_against_data(cfg, protocol))["images"]
+        pack, built = cached_pack(cfg, pack_cache or work, check)
+        if built is None:
+            with ImagePack.open(pack) as stored:
+                check(stored.protocol)
+        row.update(images=built["images"] if built else None, cached=built is None)
     with _timed(rows, "base", device, say) as row:
         base = base_stage(cfg, pack, work / "base", work / "base.resume", show_progress=False)
         row.update(epochs=base["epochs"], images_per_second=base["images_per_second"], acc=base["acc"])

@@ -64,12 +64,16 @@ def reference_variant(variants: list[str]) -> str:
     return "mamba_fscil" if "mamba_fscil" in variants else variants[0]
 
 
+def cached_pack(cfg: Config, folder: Path, check: Callable | None = None) -> tuple[Path, dict | None]:
+    """The image pack of cfg's data section in `folder` (one per data section, named by its digest), built when
+    missing: (its path, build_pack's summary or None when it was there). `check` sees the protocol of a new pack."""
+    pack = folder / f"{_digest(cfg.to_dict(for_digest=True)['data'])}.h5"
+    return pack, None if pack.is_file() else build_pack(cfg.data, pack, check)
+
+
 def _pack(cfg: Config, work: Path) -> Path:
     """The study's image pack of cfg's data section (built once per data section in work/packs)."""
-    pack = work / "packs" / f"{_digest(cfg.to_dict(for_digest=True)['data'])}.h5"
-    if not pack.is_file():
-        build_pack(cfg.data, pack)
-    return pack
+    return cached_pack(cfg, work / "packs")[0]
 
 
 def _run(cfg: Config, variant: str, seed: int, work: Path, scratch: Path) -> dict:
