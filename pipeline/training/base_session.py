@@ -12,7 +12,6 @@ on unmixed batches / on the test view of the images (`_base_batch`).
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import time
@@ -46,7 +45,7 @@ from pipeline.training.distributed import (
 )
 from pipeline.training.evaluate import predict, session_metrics
 from pipeline.training.precise_bn import recalibrate_batchnorm
-from pipeline.training.progress import ProgressLog
+from pipeline.training.progress import CHECK_EVERY, ProgressLog, drain
 from pipeline.training.runtime import run_device
 from pipeline.training.schedule import set_lr, warmup_cosine
 
@@ -211,9 +210,6 @@ def not_learning(epoch_losses: list[float]) -> bool:
     return len(epoch_losses) >= 2 and not epoch_losses[-1] < epoch_losses[0]
 
 
-CHECK_EVERY = 20  # steps between read-backs of the base loss (each one waits for the device)
-
-
 class BaseRun(NamedTuple):
     """What the base session's steps work with: the model (and its DDP wrapper `net`), the auxiliary CE head, the
     optimizer, the training images and labels on the device, and this process's group and slice of each batch."""
@@ -276,12 +272,9 @@ def read_losses(pending: list[torch.Tensor], epoch: int, done: int) -> list[floa
     """The last steps' losses as floats (one wait for the device instead of one per step); stops at the first
     non-finite one, naming its step. `done`: steps of this epoch done so far. Nothing is written after a stop, so
     the updates since that step never reach a checkpoint."""
-    values = torch.stack(pending).tolist()
-    pending.clear()
-    for offset, value in enumerate(values):
-        if not math.isfinite(value):
-            raise TrainingDiverged(f"base training: non-finite loss at epoch {epoch + 1} step "
-                                   f"{done - len(values) + offset + 1}; nothing written")
+    values, bad = drain(pending, done)
+    if bad is not None:
+        raise TrainingDiverged(f"base training: non-finite loss at epoch {epoch + 1} step {bad}; nothing written")
     return values
 
 

@@ -38,7 +38,7 @@ from pipeline.training.base_model import MODEL_FILE, config_digest
 from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed
 from pipeline.training.diagnostics import session_diagnostics
 from pipeline.training.evaluate import session_metrics
-from pipeline.training.progress import ProgressLog
+from pipeline.training.progress import CHECK_EVERY, ProgressLog, drain
 from pipeline.training.prototype import base_prototype_metrics, projected, prototype_metrics
 from pipeline.training.runtime import run_device
 from pipeline.training.schedule import set_lr, warmup_cosine
@@ -148,19 +148,16 @@ def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is
 
 
 ROSE_FACTOR = 1.5
-CHECK_EVERY = 20  # steps between read-backs of the loss terms (each one waits for the device)
 
 
 def read_back(pending: list[torch.Tensor], history: dict[str, list[float]], session: int, done: int) -> None:
     """Move the last steps' (loss, cls, supp, sep) rows into `history` (one wait for the device instead of one per
     step) and stop at the first non-finite loss among them. `done`: steps done so far."""
-    values = torch.stack(pending).tolist()
-    first = done - len(values)
-    pending.clear()
-    for offset, row in enumerate(values):
-        if not math.isfinite(row[0]):
-            raise TrainingDiverged(f"session {session}: non-finite loss at step {first + offset + 1}; nothing "
-                                   "written (lower incremental.lr or lambda1, or set incremental.grad_clip_norm)")
+    values, bad = drain(pending, done)
+    if bad is not None:
+        raise TrainingDiverged(f"session {session}: non-finite loss at step {bad}; nothing written (lower "
+                               "incremental.lr or lambda1, or set incremental.grad_clip_norm)")
+    for row in values:
         for key, value in zip(("loss", "cls", "supp", "sep"), row, strict=True):
             history[key].append(round(value, 6))
 

@@ -39,3 +39,23 @@ class ProgressLog:
         line = (f"{self.name}: {self.unit} {done}/{self.total}  {shown}  elapsed {clock(elapsed)}  "
                 f"ETA {clock(rate * (self.total - done))}")
         print(line.replace("    ", "  "), file=self.stream or sys.stderr, flush=True)
+
+
+CHECK_EVERY = 20  # training steps between read-backs of their losses (each read-back waits for the device)
+
+
+def drain(pending: list, done: int) -> tuple[list, int | None]:
+    """The last steps' values (device tensors: a loss, or a row led by the loss) as Python numbers, read back at once
+    (one wait for the device instead of one per step), `pending` emptied; and the number of the first of those steps
+    whose loss is not finite (None when all are). `done`: steps done so far, the last of them included."""
+    import math
+
+    import torch
+
+    values = torch.stack(pending).tolist()
+    pending.clear()
+    first = done - len(values)
+    bad = next((first + i + 1 for i, v in enumerate(values) if not math.isfinite(v[0] if isinstance(v, list) else v)),
+               None)
+    return values, bad
+
