@@ -106,7 +106,7 @@ def extract(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path
     cfg = _config(params, overrides)
     _under_torchrun(cfg, "extract", params, data_dir, quiet, overrides)
     summary = _run("extract", stage.run, cfg, _paths(data_dir), show_progress=not quiet)
-    if summary:  # rank 0's (the others return theirs too; one line is enough)
+    if summary:  # rank 0's (under torchrun the other processes return none)
         _show(summary, ("test", "fewshot", "base_classes", "map_shape", "seconds"))
 
 

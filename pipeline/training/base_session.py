@@ -12,7 +12,6 @@ on unmixed batches / on the test view of the images (`_base_batch`).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from pipeline.training.distributed import (
     cleanup,
     convert_global_batchnorm,
     init_process_group,
+    is_launch_main,
 )
 from pipeline.training.evaluate import predict, session_metrics
 from pipeline.training.precise_bn import recalibrate_batchnorm
@@ -385,7 +385,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
 def base_stage(cfg, pack_path: Path, out_dir: Path, resume_dir: Path, show_progress: bool = True) -> dict:
     """Base training into out_dir/{model.safetensors, metrics.json}; its resume point lives in resume_dir until it
     finishes. Under torchrun every process trains, only rank 0 writes."""
-    if int(os.environ.get("RANK", "0")) != 0:
+    if not is_launch_main():
         return train_base(cfg, pack_path, None, resume_dir, show_progress=False)
     with atomic_output(out_dir, directory=True) as tmp:
         result = train_base(cfg, pack_path, tmp, resume_dir, show_progress=show_progress)

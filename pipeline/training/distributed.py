@@ -46,6 +46,11 @@ class ProcessGroup:
         return slice(bounds[self.rank], bounds[self.rank + 1])
 
 
+def is_launch_main() -> bool:
+    """Whether this process writes a stage's output: rank 0 under torchrun (RANK), or a single process."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def init_process_group(device: torch.device) -> ProcessGroup:
     """Join the torchrun group when launched by torchrun (WORLD_SIZE > 1); otherwise a single process."""
     world = int(os.environ.get("WORLD_SIZE", "1"))

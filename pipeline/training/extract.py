@@ -8,7 +8,6 @@ extract.deviations base training maps per class minus their class mean (their wi
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -25,7 +24,14 @@ from pipeline.seeding import DEVIATION, EXTRACT_VIEW, MEMORY, seeded_generator
 from pipeline.store.feature_store import FeatureStoreWriter
 from pipeline.store.memory import memory_rows
 from pipeline.training.base_model import load_base_model
-from pipeline.training.distributed import ProcessGroup, barrier, cleanup, gather_rows, init_process_group
+from pipeline.training.distributed import (
+    ProcessGroup,
+    barrier,
+    cleanup,
+    gather_rows,
+    init_process_group,
+    is_launch_main,
+)
 from pipeline.training.progress import ProgressLog
 from pipeline.training.runtime import run_device
 
@@ -183,7 +189,7 @@ def extract_stage(cfg, pack_path: Path, base_dir: Path, out_path: Path, show_pro
                   progress_lines: bool = True) -> dict:
     """The frozen backbone's maps and the class-mean memory into the Zarr store out_path; under torchrun every process
     extracts its part of each batch, only rank 0 writes."""
-    if int(os.environ.get("RANK", "0")) != 0:
+    if not is_launch_main():
         extract_features(cfg, pack_path, base_dir, None, show_progress=False, progress_lines=False)
         return {}
     with atomic_output(out_path, directory=True) as tmp:
