@@ -81,14 +81,16 @@ def selective_scan(
     u, delta: (b, d, l); A: (d, n); B, C: (b, n, l) or (b, g, n, l); D, delta_bias: (d,);
     z: (b, d, l). Returns (b, d, l) in u's dtype.
     """
+    if not u.is_cuda:
+        return selective_scan_torch(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    grad = _needs_grad((u, delta, A, B, C, D, z, delta_bias))
     choice = _scan_choice
-    if u.is_cuda and choice == "auto":
-        grad = _needs_grad((u, delta, A, B, C, D, z, delta_bias))
+    if choice == "auto":
         choice = measured_choice(_device_name(u.device), (*u.shape, A.shape[1]), grad) or "auto"
-    if u.is_cuda and choice == "triton":
+    if choice == "triton":
         _check_shapes(u, delta, A, B, C, D, z, delta_bias)
         return _triton_scan()(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
-    if u.is_cuda and choice != "torch" and use_kernel(_needs_grad((u, delta, A, B, C, D, z, delta_bias))):
+    if choice != "torch" and use_kernel(grad):
         return _cuda_selective_scan(u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus)
     return selective_scan_torch(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
 
