@@ -33,7 +33,7 @@ def pack(tmp_path_factory):
 @pytest.mark.parametrize("variant", ["mlp_baseline", "single_ssm", "dual_ssm", "mamba_fscil"])
 def test_novel_classes_are_learned_in_session_one(pack, tmp_path, variant):
     cfg = build_config({**PARAMS, "variant": variant})
-    result = run_candidate(cfg, pack, tmp_path / "sessions", tmp_path / "bases")
+    result = run_candidate(cfg, pack, tmp_path / "bases", tmp_path / "sessions")
     base, session1 = result["table"]
     assert base["acc"] > 70.0, base  # the base model itself is sound
     assert session1["novel_acc"] >= 50.0, session1  # chance is 4 %

@@ -50,7 +50,7 @@ def _fake_candidate(scores: dict[str, dict], calls: list):
     """A run_candidate whose AVG adds up the per-key scores of the candidate's values; records every call."""
     keys = list(scores)
 
-    def run(cfg, pseudo_pack_path, work_dir, base_cache):
+    def run(cfg, pseudo_pack_path, base_cache, work_dir):
         values = tuple(selection._get(cfg, key) for key in keys)
         calls.append((values, cfg.seed, cfg.base.epochs))
         avg = float(sum(scores[key].get(v, 0.0) for key, v in zip(keys, values, strict=True)))

@@ -55,7 +55,7 @@ def test_a_selection_with_a_margin_records_the_paired_gain_and_keeps_a_noisy_win
     cfg = load_config(params)
     gains = {0: (3.0, 0.5), 1: (-2.0, 0.6), 2: (3.0, 0.4)}  # per protocol: lambda3 0.1 (noisy), 0.01 (steady)
 
-    def run(cand, pack_path, work_dir, base_cache):
+    def run(cand, pack_path, base_cache, work_dir):
         with ImagePack.open(pack_path) as pack:
             seed = pack.provenance["selection"]["seed"]
         avg = 50.0 + {0.1: gains[seed][0], 0.01: gains[seed][1]}.get(cand.incremental.lambda3, 0.0)

@@ -63,7 +63,7 @@ def test_training_set_keys_repeat_until_a_pass_changes_nothing(real_pack, tmp_pa
              ("sampled", "shots", (1,)): 5.0, ("mean", "shots", (5,)): 0.5}
     calls: list = []
 
-    def run(cand, pseudo_pack_path, work_dir, base_cache):
+    def run(cand, pseudo_pack_path, base_cache, work_dir):
         inc, ext = cand.incremental, cand.extract
         key = (ext.memory, inc.replay, tuple(inc.base_copy))
         calls.append((*key, ext.memory_k, json.dumps(cand.to_dict(), sort_keys=True)))
@@ -99,7 +99,7 @@ def test_a_first_pass_that_keeps_the_configured_training_set_is_the_only_one(rea
     scores = {"extract.memory": {"mean": 1.0}, "incremental.replay": {"shots": 1.0},
               "incremental.base_copy": {(5,): 1.0}}
 
-    def run(cand, pseudo_pack_path, work_dir, base_cache):
+    def run(cand, pseudo_pack_path, base_cache, work_dir):
         values = {"extract.memory": cand.extract.memory, "incremental.replay": cand.incremental.replay,
                   "incremental.base_copy": tuple(cand.incremental.base_copy)}
         avg = sum(scores[key].get(value, 0.0) for key, value in values.items())
@@ -248,7 +248,7 @@ def test_several_pseudo_protocols_score_the_mean(real_pack, tmp_path, monkeypatc
     cfg = load_config(params)
     calls: list = []
 
-    def run(cand, pack_path, work_dir, base_cache):
+    def run(cand, pack_path, base_cache, work_dir):
         with ImagePack.open(pack_path) as pack:
             seed = pack.provenance["selection"]["seed"]
         calls.append((cand.seed, seed, cand.incremental.replay, cand.incremental.copy,
@@ -280,7 +280,7 @@ def test_a_key_whose_every_candidate_diverges_is_an_error_when_it_is_the_last(re
     params, paths = real_pack
     cfg = load_config(params)
 
-    def run(cand, pack_path, work_dir, base_cache):
+    def run(cand, pack_path, base_cache, work_dir):
         with ImagePack.open(pack_path) as pack:
             seed = pack.provenance["selection"]["seed"]
         if cand.incremental.lambda3 > 0 and seed == 1:  # diverges on the second protocol only
@@ -305,7 +305,7 @@ def test_a_key_whose_every_candidate_diverges_keeps_its_value_and_a_later_key_ma
     cfg = selection.with_values(load_config(params), {"incremental.lambda1": 100.0, "incremental.lr": 0.1})
     ran: list = []
 
-    def run(cand, pack_path, work_dir, base_cache):
+    def run(cand, pack_path, base_cache, work_dir):
         ran.append((cand.incremental.lr, cand.incremental.lambda1))
         if cand.incremental.lambda1 > 10:
             raise TrainingDiverged("session 1: non-finite loss at step 3; nothing written")

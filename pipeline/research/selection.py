@@ -99,15 +99,19 @@ def _base_model(cfg: Config, pack_path: Path, pack_hash: str, base_cache: Path) 
     return cache
 
 
-def run_candidate(cfg: Config, pseudo_pack_path: Path, work_dir: Path, base_cache: Path) -> dict:
+def run_candidate(cfg: Config, pseudo_pack_path: Path, base_cache: Path, work_dir: Path) -> dict:
     """Train and evaluate `cfg` on an image pack (the pseudo pack, or a real one for studies); returns
     {"avg", "final", "pd", "base", "sessions"} (in %), the prototype baselines' summaries and the session table.
 
     The base model lives in base_cache/<key>/base (key: the pack and the data/model/base sections) and its feature
     stores in base_cache/<key>/stores/<key with extract>, so candidates that differ only in `incremental` share
     both and candidates that differ in `extract` (the memory) share the base model (single_ssm takes dual_ssm's:
-    `_base_model`); the sessions go to `work_dir`.
+    `_base_model`); the sessions go to `work_dir`. Computed with cfg's own thread count (params `threads`: CPU
+    results depend on it), in whichever process runs it.
     """
+    import torch
+
+    torch.set_num_threads(cfg.threads)
     with ImagePack.open(pseudo_pack_path) as pack:
         pack_hash, num_sessions = pack.content_hash, pack.protocol.num_sessions
     cache = _base_model(cfg, pseudo_pack_path, pack_hash, Path(base_cache))
@@ -240,20 +244,12 @@ def run_once(records: dict, key: str, records_path: Path, scratch: Path, run: Ca
     return False
 
 
-def _candidate(cand: Config, pack_path: Path, base_cache: Path, scratch: Path) -> dict:
-    """run_candidate with the candidate's own thread count (params `threads`), in whichever process runs it."""
-    import torch
-
-    torch.set_num_threads(cand.threads)
-    return run_candidate(cand, pack_path, scratch, base_cache)
-
-
 def _run_cached(cand: Config, pack: tuple[Path, dict], work_dir: Path, results: dict, results_path: Path,
                 reuse_stale: bool = False) -> dict:
     """One candidate on one pseudo pack, from `results` when it ran before; a diverging candidate scores nan."""
     ckey = _key(cand, CANDIDATE_SECTIONS, pack[1]["content_hash"])
     cached = run_once(results, ckey, results_path, work_dir / "candidate",
-                      functools.partial(_candidate, cand, pack[0], work_dir / "bases"), diverged=DIVERGED,
+                      functools.partial(run_candidate, cand, pack[0], work_dir / "bases"), diverged=DIVERGED,
                       reuse_stale=reuse_stale)
     return {**results[ckey], "cached": cached, "key": ckey}
 
@@ -367,7 +363,7 @@ class _Selection:
             base, store = _key(run, BASE_MODEL_SECTIONS, pack_hash), _key(run, STORE_SECTIONS, pack_hash)
             phase = 0 if base not in seen else 1 if store not in seen else 2
             seen |= {base, store}
-            phases[phase].append([(ckey, functools.partial(_candidate, run, path, self.work_dir / "bases"),
+            phases[phase].append([(ckey, functools.partial(run_candidate, run, path, self.work_dir / "bases"),
                                    DIVERGED)])
         for batches in phases:
             run_batches(batches, self.work_dir, self.jobs, self.reuse_stale, self._store)

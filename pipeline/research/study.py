@@ -77,13 +77,9 @@ def _pack(cfg: Config, work: Path) -> Path:
 
 
 def _run(cfg: Config, variant: str, seed: int, work: Path, scratch: Path) -> dict:
-    """One study run's record: its per-session table (base models shared in work/bases), computed with the run's
-    own thread count (params `threads`: CPU results depend on it), in whichever process runs it."""
-    import torch
-
-    torch.set_num_threads(cfg.threads)
+    """One study run's record: its per-session table (base models shared in work/bases)."""
     return {"variant": variant, "seed": seed,
-            "table": run_candidate(cfg, _pack(cfg, work), scratch, work / "bases")["table"]}
+            "table": run_candidate(cfg, _pack(cfg, work), work / "bases", scratch)["table"]}
 
 
 def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out_dir: Path,
