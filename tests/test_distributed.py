@@ -169,6 +169,17 @@ E2E_TOL = 1e-5
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+def _stage_in_two_processes(stage: str, params: Path, data_dir: Path) -> None:
+    """`fscil stage <stage> -S nproc_per_node=2`: the stage relaunches itself under torchrun (what `dvc repro` runs)."""
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stages.cli", "stage", stage, "--params", str(params), "--data-dir", str(data_dir),
+         "--quiet", "-S", "nproc_per_node=2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"stage {stage}: 2 processes under torchrun" in proc.stderr
+
+
 @pytest.mark.parametrize("extra", [{}, {"precise_bn": True}, {"backbone_ce": 1.0, "lr": 3e-4}],
                          ids=["running-bn", "precise-bn", "backbone-ce"])
 def test_base_stage_depends_on_the_global_batch_not_the_process_count(tmp_path, extra):
@@ -179,14 +190,7 @@ def test_base_stage_depends_on_the_global_batch_not_the_process_count(tmp_path, 
     run_stage("prepare", params, one)
     shutil.copytree(one, two)
     run_stage("base", params, one)
-    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
-    env["OMP_NUM_THREADS"] = "1"
-    # params nproc_per_node: the stage relaunches itself under torchrun (what `dvc repro` runs)
-    proc = subprocess.run(
-        [sys.executable, "-m", "stages.cli", "stage", "base", "--params", str(params), "--data-dir", str(two),
-         "--quiet", "-S", "nproc_per_node=2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "stage base: 2 processes under torchrun" in proc.stderr
+    _stage_in_two_processes("base", params, two)
 
     single, single_meta = load_checkpoint(StagePaths(one).base / MODEL_FILE)
     double, double_meta = load_checkpoint(StagePaths(two).base / MODEL_FILE)
@@ -242,13 +246,7 @@ def test_extract_stage_depends_on_the_batches_not_the_process_count(tmp_path):
     run_stage("base", params, one)
     shutil.copytree(one, two)
     run_stage("extract", params, one)
-    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(
-        [sys.executable, "-m", "stages.cli", "stage", "extract", "--params", str(params), "--data-dir", str(two),
-         "--quiet", "-S", "nproc_per_node=2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "stage extract: 2 processes under torchrun" in proc.stderr
+    _stage_in_two_processes("extract", params, two)
     single, double = _store_arrays(StagePaths(one).features), _store_arrays(StagePaths(two).features)
     assert single.keys() == double.keys() and {"test/maps", "fewshot/maps", "memory/base_deviations"} <= set(single)
     for name, array in single.items():
