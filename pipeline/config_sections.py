@@ -177,9 +177,16 @@ class ModelConfig(SectionConfig):
     expand: int = 1
     """d_inner = expand * D'."""
     d_conv: int = 3
-    """Depthwise conv kernel of the x stream."""
+    """Depthwise conv kernel of the x stream (ss2d: k x k over the map, odd; mamba_1d: causal along each token
+    order, 4 in the authors' configs)."""
+    ssm_branch: str = "ss2d"
+    """The selective-SSM branch of dual_ssm / single_ssm: ss2d (the paper's text: a k x k depthwise conv over the
+    map, K scan paths with their own x_proj / dt_proj / A / D) or mamba_1d (the authors' CIFAR-100 / miniImageNet
+    code: one 1-D Mamba block, causal conv1d, one parameter set shared by the K token orders)."""
     mlp_layers: int = 2
     """p_mlp depth: 2 or 3."""
+    inc_mlp_layers: int | None = None
+    """p_mlp depth of g_inc (null: mlp_layers; the authors' CUB config: 3)."""
     out_norm: bool = False
     """LayerNorm on the merged scan output before gating (the authors' code; the paper has none)."""
     iden_linear: bool = False
@@ -198,6 +205,11 @@ class ModelConfig(SectionConfig):
             check(getattr(self, key) >= 1, "model", key, "must be >= 1")
         check(self.k_paths in (1, 2, 4), "model", "k_paths", "must be 1, 2 or 4")
         check(self.mlp_layers in (2, 3), "model", "mlp_layers", "must be 2 or 3")
+        check(self.inc_mlp_layers in (None, 2, 3), "model", "inc_mlp_layers", "must be 2, 3 or null")
+        check(self.ssm_branch in names.SSM_BRANCHES, "model", "ssm_branch",
+              f"must be one of {', '.join(names.SSM_BRANCHES)}")
+        check(self.ssm_branch != "ss2d" or self.d_conv % 2 == 1, "model", "d_conv",
+              "must be odd for ssm_branch ss2d (a k x k conv that keeps the map's size)")
         check(self.projector != "transformer" or (self.expand * self.dim) % names.ATTENTION_HEADS == 0, "model",
               "dim", f"times model.expand must be divisible by the transformer's {names.ATTENTION_HEADS} heads")
 
@@ -320,12 +332,21 @@ class IncrementalConfig(SectionConfig):
     """SGD momentum."""
     weight_decay: float = 5e-4
     """SGD weight decay."""
+    schedule: str = "warmup_cosine"
+    """The session's lr schedule: warmup_cosine (steps from 0, linear warm-up from warmup_ratio * lr to lr, then
+    cosine to min_lr_ratio * lr at the last step) or mmcv_cosine_cooldown (the authors' session loop: mmcv's hook,
+    iterations from 1, the warm-up factor multiplying the cosine value, cosine to min_lr_ratio * lr over steps -
+    cooldown_steps, then cooldown_ratio * min_lr_ratio * lr)."""
     warmup_steps: int = 5
-    """Linear warm-up from warmup_ratio * lr."""
+    """Linear warm-up steps."""
     warmup_ratio: float = 0.1
-    """Where the warm-up starts, as a fraction of lr."""
+    """Where the warm-up starts, as a fraction of lr (mmcv_cosine_cooldown: of the cosine value)."""
     min_lr_ratio: float = 0.01
     """Cosine schedule ends at min_lr_ratio * lr."""
+    cooldown_steps: int = 5
+    """mmcv_cosine_cooldown: the last this many steps run at cooldown_ratio * min_lr_ratio * lr."""
+    cooldown_ratio: float = 0.1
+    """mmcv_cosine_cooldown: the cool-down lr as a fraction of the cosine's floor."""
     copy: int = 1
     """Copies of each earlier novel class's replayed samples in a session's training set."""
     replay: str = "mean"
@@ -339,8 +360,34 @@ class IncrementalConfig(SectionConfig):
     """Activation weight on novel inputs (eq. loss_supp; the authors' CIFAR-100 value)."""
     lambda3: float = 1e-3
     """Separation weight (eq. loss_sep; the authors' CIFAR-100 value)."""
+    lambda3_base: float = 0.0
+    """Separation weight on g_base's B, C, Delta in the sessions (the authors' CUB config: 1e-3, with g_base
+    training at 0.2x lr); needs freeze_base false."""
     suppression: str = "z"
-    """What the suppression loss acts on: z (the paper), silu_z, mu_inc."""
+    """What the suppression loss acts on: z (the paper), silu_z, mu_inc, or z_channel_flip (model.ssm_branch
+    mamba_1d: the authors' Z, the K orders' gate streams summed with the reversed orders flipped on the channel axis,
+    a defect of their code that their CIFAR-100 / miniImageNet numbers carry)."""
+    suppression_form: str = "squared_mean"
+    """squared_mean (the paper's text: lambda * the group's mean of ||Z_i||^2 / (L D')) or norm_per_element (the
+    authors' code: lambda * ||Z_group||_F / numel(Z_group), not squared)."""
+    separation_form: str = "abs_cos"
+    """abs_cos (the paper's text: |cos| of the base and novel means per parameter kind) or confusion_mean (the
+    authors' code: the mean of |I - S| over the 2 x 2 cosine matrix, |cos| / 2)."""
+    separation_delta: str = "delta"
+    """What the separation reads as Delta: delta (the paper's text: softplus(dt_proj(dt) + bias), D_inner wide) or
+    dt_low (the authors' code: the low-rank dt before dt_proj)."""
+    separation_paths: str = "all"
+    """Which scan paths the separation's means average: all (the paper's text) or first (the authors' 1-D branch
+    returns the first token order's parameters only)."""
+    loss_groups: int = 1
+    """The class-sensitive losses are computed on this many groups of the batch (row r in group r % loss_groups)
+    and averaged, a term running only when every group holds its rows; feature-mixup partners are drawn within the
+    groups (one permutation for all). 1: the whole batch; 8: the authors' 8 GPUs x 8 rows (their MIN-gated
+    per-GPU losses). Results depend on this key, never on the number of processes."""
+    dr_weighting: str = "uniform"
+    """How the samples weigh in the classification (DR) loss: uniform (the paper) or class_balanced (the authors'
+    `with_len` in their CIFAR-100 / miniImageNet session configs: each sample (batch / classes in the batch) / the
+    count of its class in the batch)."""
     freeze_base: bool = True
     """Freeze p_iden and g_base after the base session (the paper); false: they train in every session too."""
     base_lr_scale: float = 1.0
@@ -378,6 +425,18 @@ class IncrementalConfig(SectionConfig):
         check(self.base_lr_scale > 0, "incremental", "base_lr_scale", "must be > 0 (freeze_base true freezes them)")
         check(self.suppression in names.SUPPRESSION_TARGETS, "incremental", "suppression",
                f"must be one of {sorted(names.SUPPRESSION_TARGETS)}")
+        for key, allowed in (("suppression_form", names.SUPPRESSION_FORMS),
+                             ("separation_form", names.SEPARATION_FORMS), ("separation_delta", names.SEPARATION_DELTAS),
+                             ("separation_paths", names.SEPARATION_PATHS), ("dr_weighting", names.DR_WEIGHTINGS),
+                             ("schedule", names.SCHEDULES)):
+            check(getattr(self, key) in allowed, "incremental", key, f"must be one of {', '.join(allowed)}")
+        check(self.loss_groups >= 1 and self.batch_size % self.loss_groups == 0, "incremental", "loss_groups",
+              f"must be >= 1 and divide incremental.batch_size ({self.batch_size})")
+        check(self.cooldown_steps >= 0, "incremental", "cooldown_steps", "must be >= 0")
+        check(self.cooldown_ratio >= 0, "incremental", "cooldown_ratio", "must be >= 0")
+        check(self.lambda3_base >= 0, "incremental", "lambda3_base", "must be >= 0")
+        check(not self.lambda3_base or not self.freeze_base, "incremental", "lambda3_base",
+              "needs freeze_base false (a separation on g_base's parameters trains g_base)")
         check(0 <= self.mixup_prob <= 1, "incremental", "mixup_prob", "must be in [0, 1]")
         check(0 <= self.deviation_prob <= 1, "incremental", "deviation_prob", "must be in [0, 1]")
         for key in ("weight_decay", "lambda1", "lambda2", "lambda3"):

@@ -59,14 +59,20 @@ def test_the_checker_sees_imports_inside_functions():
 
 def test_each_registry_is_keyed_by_the_names_the_config_accepts():
     from pipeline import names
-    from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS
+    from pipeline.losses.class_sensitive import SEPARATION_FORMS, SUPPRESSION_FORMS, SUPPRESSION_TARGETS
+    from pipeline.losses.classification import DR_WEIGHTINGS
     from pipeline.models.backbones import BACKBONES
     from pipeline.models.classifier import HEADS
+    from pipeline.models.mixers import SSM_BRANCHES
     from pipeline.models.projector import PROJECTOR_KINDS
     from pipeline.ops.selective_scan import SCAN_CHOICES
+    from pipeline.training.schedule import SCHEDULES
 
     assert tuple(BACKBONES) == names.BACKBONES and tuple(PROJECTOR_KINDS) == names.PROJECTORS
     assert tuple(HEADS) == names.HEADS and tuple(SUPPRESSION_TARGETS) == names.SUPPRESSION_TARGETS
+    assert tuple(SUPPRESSION_FORMS) == names.SUPPRESSION_FORMS and tuple(SEPARATION_FORMS) == names.SEPARATION_FORMS
+    assert tuple(DR_WEIGHTINGS) == names.DR_WEIGHTINGS and tuple(SCHEDULES) == names.SCHEDULES
+    assert tuple(SSM_BRANCHES) == names.SSM_BRANCHES
     assert SCAN_CHOICES is names.SCAN_CHOICES
 
 

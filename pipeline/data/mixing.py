@@ -91,12 +91,18 @@ def feature_mixup(mu: torch.Tensor, target: torch.Tensor, ratio: float,
     return mixed, target, target[perm], lam * ratio
 
 
-def mixup_draws(n: int, prob: float, generator: torch.Generator) -> torch.Tensor | None:
+def mixup_draws(n: int, prob: float, generator: torch.Generator, groups: int = 1) -> torch.Tensor | None:
     """One batch's feature-mixup draws from `generator` (CPU): a uniform against `prob` (none when prob <= 0),
-    then, when it mixes, the partner permutation of the n rows; None when the batch is not mixed."""
+    then, when it mixes, the partner permutation of the n rows; None when the batch is not mixed. With loss groups
+    (row r in group r % groups, incremental.loss_groups) partners stay within a group: one permutation p of the
+    n / groups rows of a group, row i of every group mixed with its row p[i] (the authors' 8 GPUs drew the same
+    permutation of their 8 rows: one seed on every GPU)."""
     if prob <= 0 or float(torch.rand((), generator=generator)) >= prob:
         return None
-    return torch.randperm(n, generator=generator)
+    if groups == 1:
+        return torch.randperm(n, generator=generator)
+    within = torch.randperm(n // groups, generator=generator)
+    return (within[:, None] * groups + torch.arange(groups)).reshape(-1)
 
 
 # ---- base deviations lent to the novel rows of an incremental batch (ours; extract.deviations, deviation_prob) ----

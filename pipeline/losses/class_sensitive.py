@@ -1,7 +1,15 @@
-"""Class-sensitive selective scan losses (paper sec. "Class-Sensitive Selective Scan Mechanism").
+"""Class-sensitive selective scan losses (paper sec. "Class-Sensitive Selective Scan Mechanism"), in the paper's
+text and in the forms of the authors' code (docs/research/authors-code.md), each a named form.
 
 `is_base`: (N,) bool marks the base group F_base (memory prototypes of base classes, eq. batch_split); the rest
 of the batch is the novel group. Groups are passed in explicitly, never inferred inside the loss.
+
+Loss groups (`groups` G, incremental.loss_groups): the authors ran the sessions on 8 GPUs x 8 rows, every loss on a
+GPU's own rows with gradients averaged, and a term ran only when every GPU's rows held its group (the counts
+all-reduced with MIN). Here row r of the batch belongs to group r % G (their sampler gave GPU g the rows g, g + 8,
+... of each 64-row slice of its permutation), each term is the mean over the groups of its value on each group, and
+it is 0 unless every group holds the rows it needs. G = 1 is one group, the whole batch. Everything is computed
+with masks, sync-free, in one process: the results depend on G, never on how many processes run.
 """
 
 from __future__ import annotations
@@ -10,50 +18,113 @@ import torch
 import torch.nn.functional as F
 
 
-def _group_mean_sq(x: torch.Tensor, mask: torch.Tensor, count: float | None) -> torch.Tensor:
-    # x: (N, L, D) or (N, D); sum over the group of ||x_i||^2 / (N_group * L * D)
-    per_sample = x.pow(2).flatten(1).mean(dim=1)  # ||x_i||^2 / (L D)
-    n = mask.sum().clamp_min(1) if count is None else max(count, 1)  # an empty group sums to 0: the term is 0
-    return (per_sample * mask).sum() / n
+def grouped(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """(N, ...) -> (G, N / G, ...): row r of the batch is row r // G of group r % G."""
+    n = t.shape[0]
+    if n % groups:
+        raise ValueError(f"a batch of {n} rows does not split into {groups} loss groups")
+    return t.reshape(n // groups, groups, *t.shape[1:]).transpose(0, 1)
+
+
+def _group_masks(is_base: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """(2, G, N / G) float masks of the base and the novel rows of each group."""
+    g = grouped(is_base, groups)
+    return torch.stack([g, ~g]).to(dtype)
+
+
+# ---- suppression (eq. loss_supp): what one group's term is, given its rows z (G, M, E) and a row mask (G, M) ----
+def _squared_mean(z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The paper's text: the group's mean of ||Z_i||^2 / (L D')."""
+    per_row = z.pow(2).mean(dim=-1)
+    return (per_row * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1)
+
+
+def _norm_per_element(z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The authors' code: the Frobenius norm of the group's whole Z tensor, not squared, over its element count.
+    vector_norm's gradient at a zero tensor is 0 (g_inc's gate starts at zero)."""
+    norm = torch.linalg.vector_norm(z * mask[..., None], dim=(1, 2))
+    return norm / (mask.sum(dim=1) * z.shape[-1]).clamp_min(1)
+
+
+SUPPRESSION_FORMS = {"squared_mean": _squared_mean, "norm_per_element": _norm_per_element}
+
+
+def gated_group_mean(per_group: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Mean over the groups of a term, or 0 unless every group has a row for it (counts (..., G): the MIN gate)."""
+    return torch.where(counts.amin(dim=-1) > 0, per_group.mean(dim=-1), torch.zeros_like(per_group[..., 0]))
 
 
 def suppression_loss(z: torch.Tensor, is_base: torch.Tensor, lambda1: float, lambda2: float,
-                     counts: tuple[float, float] | None = None) -> torch.Tensor:
-    """eq. loss_supp: lambda1 * mean_b ||Z_b||^2/(L D') - lambda2 * mean_n ||Z_n||^2/(L D').
+                     form: str = "squared_mean", groups: int = 1) -> torch.Tensor:
+    """eq. loss_supp: lambda1 * S(Z_base) - lambda2 * S(Z_novel), S a suppression form (`SUPPRESSION_FORMS`): the
+    paper's mean of ||Z_i||^2 / (L D'), or the authors' ||Z_group||_F / numel(Z_group).
 
-    z: (N, L, D') gate stream (or another tensor for the variants); counts: (N_base, N_novel) over the global batch
-    when the batch is split across processes.
+    z: (N, L, D') gate stream (or another tensor for the variants); each term per loss group, gated (module doc).
     """
-    base, novel = is_base.to(z.dtype), (~is_base).to(z.dtype)
-    n_base, n_novel = counts if counts is not None else (None, None)
-    return lambda1 * _group_mean_sq(z, base, n_base) - lambda2 * _group_mean_sq(z, novel, n_novel)
+    zg = grouped(z.flatten(1), groups)  # (G, M, L D')
+    masks = _group_masks(is_base, groups, z.dtype)
+    total = z.new_zeros(())
+    for weight, mask in ((lambda1, masks[0]), (-lambda2, masks[1])):
+        if weight:
+            total = total + weight * gated_group_mean(SUPPRESSION_FORMS[form](zg, mask), mask.sum(dim=1))
+    return total
 
 
-# what the suppression loss acts on (paper table supp_comparison); each maps (aux, mu_inc) -> tensor
+# what the suppression loss acts on (paper table supp_comparison); each maps (aux, mu_inc) -> tensor or None
 SUPPRESSION_TARGETS = {
     "z": lambda aux, mu_inc: aux["z"],
     "silu_z": lambda aux, mu_inc: F.silu(aux["z"]),
     # g_inc's output; of the expanding baseline, the output of its newest branch (the earlier ones are frozen)
     "mu_inc": lambda aux, mu_inc: aux.get("mu_newest", mu_inc),
+    # the authors' 1-D branch: its K orders' gate streams summed with the reversed orders flipped on the channel
+    # axis, not the token axis (a defect of their code that the published CIFAR-100 / miniImageNet numbers carry)
+    "z_channel_flip": lambda aux, mu_inc: aux.get("z_channel_flip"),
 }
 
 
-def separation_loss(params: dict[str, torch.Tensor], is_base: torch.Tensor) -> torch.Tensor:
-    """eq. loss_sep: sum over P in (B, C, Delta) of |cos(P_bar_b, P_bar_n)|.
+# ---- separation (eq. loss_sep): one parameter kind's term from the groups' means (G, 2, D_P) ----
+def _abs_cos(means: torch.Tensor) -> torch.Tensor:
+    """The paper's text: |cos(P_bar_base, P_bar_novel)| (0 where a mean is all zero)."""
+    return F.cosine_similarity(means[:, 0], means[:, 1], dim=-1).abs()
 
-    params: "B", "C" (N, K, L, d_state) and "delta" (N, K, L, D'); P_bar averages over the group, K and L
-    (eq. parameter_base_novel). Zero when either group is empty or the branch generates no parameters. Group means
-    are masked sums over the batch, not boolean indexing: no shape that depends on data, no wait for the device.
+
+def _confusion_mean(means: torch.Tensor) -> torch.Tensor:
+    """The authors' code: mean over the 2 x 2 matrix |I - S| of the cosines S between the two means, |cos| / 2 up
+    to the rounding of the diagonal."""
+    unit = F.normalize(means, dim=-1)
+    sim = unit @ unit.transpose(1, 2)
+    return (torch.eye(2, dtype=sim.dtype, device=sim.device) - sim).abs().mean(dim=(1, 2))
+
+
+SEPARATION_FORMS = {"abs_cos": _abs_cos, "confusion_mean": _confusion_mean}
+# which generated tensor stands for Delta (names.SEPARATION_DELTAS): the paper's softplus(dt_proj(dt) + bias),
+# D_inner wide, or the raw low-rank dt before dt_proj (the authors' code); which scan paths the means average
+# (names.SEPARATION_PATHS): all K, or the first token order's only (the authors' 1-D branch returns only those)
+
+
+def separation_loss(params: dict[str, torch.Tensor], is_base: torch.Tensor, form: str = "abs_cos",
+                    delta: str = "delta", paths: str = "all", groups: int = 1) -> torch.Tensor:
+    """eq. loss_sep: sum over P in (B, C, Delta) of a separation form (`SEPARATION_FORMS`) of P_bar_base and
+    P_bar_novel, the means over the group's rows, the scan paths (`paths`: all, or the first only) and the tokens
+    (eq. parameter_base_novel).
+
+    params: "B", "C" (N, K, L, d_state), "delta" (N, K, L, D_inner), "dt_low" (N, K, L, dt_rank); `delta` names
+    the one read as Delta. Per loss group, gated: 0 unless every group holds base and novel rows (module doc). 0
+    when the branch generates no parameters. Means are masked sums, not boolean indexing: no shape that depends on
+    data, no wait for the device.
     """
-    keys = [k for k in ("B", "C", "delta") if k in params]
+    keys = [k for k in ("B", "C", delta) if k in params]
     if not keys:
         return is_base.new_zeros((), dtype=torch.float32)
+    masks = None
     total = 0.0
     for key in keys:
-        p = params[key].flatten(1, 2)  # (N, K*L, D_P)
-        groups = torch.stack([is_base, ~is_base]).to(p.dtype)  # (2, N)
-        sums = torch.einsum("gn,nld->gd", groups, p)
-        means = sums / (groups.sum(1, keepdim=True) * p.shape[1]).clamp_min(1)  # an empty group's mean is 0
-        # cos with an all-zero mean is 0 (cosine_similarity's eps): an empty group adds nothing
-        total = total + F.cosine_similarity(means[0], means[1], dim=0).abs()
-    return total
+        p = params[key][:, :1] if paths == "first" else params[key]
+        p = grouped(p.flatten(1, 2), groups)  # (G, M, K*L, D_P)
+        if masks is None:
+            masks = _group_masks(is_base, groups, p.dtype).transpose(0, 1)  # (G, 2, M)
+        sums = torch.einsum("gsm,gmld->gsd", masks, p)
+        means = sums / (masks.sum(dim=2, keepdim=True) * p.shape[2]).clamp_min(1)
+        total = total + SEPARATION_FORMS[form](means)
+    counts = masks.sum(dim=2).amin(dim=1)  # (G,): the smaller of each group's base and novel counts
+    return gated_group_mean(total, counts)

@@ -31,11 +31,28 @@ def cross_entropy_loss(logits: torch.Tensor, target: torch.Tensor, weight: torch
 
 
 def mixed_loss(loss_fn, logits: torch.Tensor, target_a: torch.Tensor, target_b: torch.Tensor, lam: torch.Tensor,
-               denominator: float | None = None, scale: float = 1.0) -> torch.Tensor:
+               denominator: float | None = None, scale: float = 1.0, weighting=None) -> torch.Tensor:
     """lam * L(y_a) + (1 - lam) * L(y_b), each sample counted once (lam: (N,) or a scalar).
 
     The reference code double-counts one term under Mixup/CutMix; here the two targets share one denominator.
+    weighting: None, or a per-sample weight of each target's labels (`DR_WEIGHTINGS`), times lam and 1 - lam.
     """
     lam = torch.as_tensor(lam, dtype=logits.dtype, device=logits.device).expand(logits.shape[0])
-    return (loss_fn(logits, target_a, lam, denominator, scale)
-            + loss_fn(logits, target_b, 1.0 - lam, denominator, scale))
+    weight_a, weight_b = lam, 1.0 - lam
+    if weighting is not None:
+        weight_a = weight_a * weighting(target_a, logits.shape[1])
+        weight_b = weight_b * weighting(target_b, logits.shape[1])
+    return (loss_fn(logits, target_a, weight_a, denominator, scale)
+            + loss_fn(logits, target_b, weight_b, denominator, scale))
+
+
+def class_balance_weights(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """The authors' `with_len` DR weights: each sample weighted by (batch size / classes in the batch) / (count of
+    its class in the batch), so every class present weighs the same in the mean. (N,) float32, sync-free."""
+    counts = torch.bincount(labels, minlength=num_classes).to(torch.float32)
+    present = (counts > 0).sum()
+    return labels.shape[0] / present / counts[labels]
+
+
+# how the samples of a batch weigh in the DR loss (params incremental.dr_weighting): None is the plain mean
+DR_WEIGHTINGS = {"uniform": None, "class_balanced": class_balance_weights}

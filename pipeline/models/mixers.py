@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.models.mamba1d import SharedMamba1DBranch
 from pipeline.models.ss2d import BranchBase, BranchDims, SS2DBranch, mamba_dt_bias
 from pipeline.names import ATTENTION_HEADS  # the appendix's 8-head Transformer
 from pipeline.ops.cross_scan import cross_merge, cross_scan
@@ -235,4 +236,11 @@ MIXERS: dict[str, type[BranchBase]] = {
     "transformer": TransformerBranch,
     "gru": GRUBranch,
     "lstm": LSTMBranch,
+}
+
+# the selective-SSM branch of the dual_ssm / single_ssm projectors, by model.ssm_branch: SS2D (the paper's text;
+# the authors' CUB config) or one 1-D Mamba block shared by the K token orders (the authors' CIFAR-100 / mini configs)
+SSM_BRANCHES: dict[str, type[BranchBase]] = {
+    "ss2d": SS2DBranch,
+    "mamba_1d": SharedMamba1DBranch,
 }

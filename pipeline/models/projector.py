@@ -12,12 +12,12 @@ kinds (params.yaml `model.projector`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
-from pipeline.models.mixers import MIXERS, ExpandingBranches
+from pipeline.models.mixers import MIXERS, SSM_BRANCHES, ExpandingBranches
 from pipeline.models.ss2d import BranchBase, BranchDims
 
 
@@ -27,9 +27,9 @@ class ProjectorKind:
     dual: bool  # has a separate g_inc; otherwise g_base adapts in incremental sessions
     expanding: bool = False  # g_inc grows by one branch per session (ExpandingBranches)
 
-    @property
-    def branch(self) -> type[BranchBase]:
-        return MIXERS[self.mixer]
+    def branch(self, ssm_branch: str = "ss2d") -> type[BranchBase]:
+        """The branch class; the selective SSM's form is model.ssm_branch (`SSM_BRANCHES`)."""
+        return SSM_BRANCHES[ssm_branch] if self.mixer == "selective_ssm" else MIXERS[self.mixer]
 
 
 PROJECTOR_KINDS: dict[str, ProjectorKind] = {
@@ -44,7 +44,7 @@ def suppression_target(kind: str, configured: str) -> str:
     """What the suppression loss acts on: the configured target (z | silu_z | mu_inc) for gating designs (selective
     SSM, S4), g_inc's output (mu_inc) for the others (appendix "Implementation Details for Different Projections")."""
     spec = PROJECTOR_KINDS[kind]
-    return configured if spec.branch.gated and not spec.expanding else "mu_inc"
+    return configured if spec.branch().gated and not spec.expanding else "mu_inc"
 
 
 @dataclass
@@ -54,13 +54,14 @@ class ProjectorOutput:
     mu_base: torch.Tensor
     mu_inc: torch.Tensor | None  # None in base mode and for single_ssm
     aux: dict[str, torch.Tensor]  # Z / B / C / Delta of the adapting branch (when requested)
+    aux_base: dict[str, torch.Tensor] | None = None  # the same of g_base next to a g_inc (when requested)
 
 
 class Projector(nn.Module):
     """f: (N, C, H, W) -> ProjectorOutput. mode "base": mu = mu_iden + mu_base; "incremental" adds mu_inc."""
 
     def __init__(self, kind: str, in_channels: int, feature_hw: tuple[int, int], dims: BranchDims,
-                 iden_linear: bool = False):
+                 iden_linear: bool = False, ssm_branch: str = "ss2d", inc_mlp_layers: int | None = None):
         super().__init__()
         if kind not in PROJECTOR_KINDS:
             raise ValueError(f"unknown projector kind {kind!r}; choose from {sorted(PROJECTOR_KINDS)}")
@@ -76,16 +77,19 @@ class Projector(nn.Module):
                 self.p_iden.weight.copy_(torch.eye(dims.dim))
         else:
             self.p_iden = nn.Identity()
-        self.g_base = spec.branch(in_channels, feature_hw, dims)
-        inc = (lambda *a, **k: ExpandingBranches(spec.branch, *a, **k)) if spec.expanding else spec.branch
-        self.g_inc = inc(in_channels, feature_hw, dims, zero_init_gate=True) if spec.dual else None
+        branch = spec.branch(ssm_branch)
+        self.g_base = branch(in_channels, feature_hw, dims)
+        inc = (lambda *a, **k: ExpandingBranches(branch, *a, **k)) if spec.expanding else branch
+        inc_dims = dims if inc_mlp_layers is None else replace(dims, mlp_layers=inc_mlp_layers)  # g_inc's p_mlp depth
+        self.g_inc = inc(in_channels, feature_hw, inc_dims, zero_init_gate=True) if spec.dual else None
         self._frozen: list[nn.Module] = []
 
     @classmethod
     def from_config(cls, model_cfg, in_channels: int, feature_hw: tuple[int, int]) -> Projector:
         """The projector a params `model` section describes, on C x H x W backbone maps."""
         return cls(model_cfg.projector, in_channels, feature_hw, BranchDims.from_config(model_cfg),
-                   iden_linear=model_cfg.iden_linear)
+                   iden_linear=model_cfg.iden_linear, ssm_branch=model_cfg.ssm_branch,
+                   inc_mlp_layers=model_cfg.inc_mlp_layers)
 
     @property
     def adapting_branch(self) -> BranchBase:
@@ -137,13 +141,20 @@ class Projector(nn.Module):
         return self
 
     def forward(self, f: torch.Tensor, mode: str = "base", return_aux: bool = False,
-                frozen: tuple[torch.Tensor, torch.Tensor] | None = None) -> ProjectorOutput:
-        """frozen: (mu_iden, mu_base) of these maps from `frozen_outputs`, used instead of running the frozen parts."""
+                frozen: tuple[torch.Tensor, torch.Tensor] | None = None, base_aux: bool = False) -> ProjectorOutput:
+        """frozen: (mu_iden, mu_base) of these maps from `frozen_outputs`, used instead of running the frozen parts;
+        base_aux: also g_base's Z / B / C / Delta next to a g_inc (`aux_base`; incremental.lambda3_base)."""
         if mode not in ("base", "incremental"):
             raise ValueError(f"mode must be 'base' or 'incremental', got {mode!r}")
+        aux_base = None
         if return_aux and mode == "incremental" and self.g_inc is None:  # single_ssm: g_base is the adapting branch
             mu_iden = self.p_iden(f.mean(dim=(2, 3)))
             mu_base, aux = self.g_base(f, return_aux=True)
+        elif base_aux:
+            if frozen is not None:
+                raise ValueError("base_aux needs g_base run on the maps, not its frozen outputs")
+            mu_iden = self.p_iden(f.mean(dim=(2, 3)))
+            (mu_base, aux_base), aux = self.g_base(f, return_aux=True), {}
         else:
             (mu_iden, mu_base), aux = frozen if frozen is not None else self._fixed_parts(f), {}
         mu = mu_iden + mu_base
@@ -151,4 +162,4 @@ class Projector(nn.Module):
         if mode == "incremental" and self.g_inc is not None:
             mu_inc, aux = self.g_inc(f, return_aux=True) if return_aux else (self.g_inc(f), {})
             mu = mu + mu_inc  # eq. mu_t
-        return ProjectorOutput(mu=mu, mu_iden=mu_iden, mu_base=mu_base, mu_inc=mu_inc, aux=aux)
+        return ProjectorOutput(mu=mu, mu_iden=mu_iden, mu_base=mu_base, mu_inc=mu_inc, aux=aux, aux_base=aux_base)

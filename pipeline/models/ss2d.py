@@ -72,9 +72,14 @@ class BranchBase(nn.Module):
         self.in_proj = nn.Linear(d, 2 * di, bias=False)  # -> x (p_x) and z (p_z), eq. ssm_branch_scan_and_gate
         if zero_init_gate:
             self.zero_gate()
-        self.conv = nn.Conv2d(di, di, dims.d_conv, padding=dims.d_conv // 2, groups=di, bias=True)
+        self.conv = self.build_conv(di, dims.d_conv)
         self.out_norm = nn.LayerNorm(di) if dims.out_norm else nn.Identity()
         self.out_proj = nn.Linear(di, d, bias=False) if di != d else nn.Identity()
+
+    @staticmethod
+    def build_conv(channels: int, kernel: int) -> nn.Module:
+        """The depthwise conv of the x stream: kernel x kernel over the 2-D map (SS2D)."""
+        return nn.Conv2d(channels, channels, kernel, padding=kernel // 2, groups=channels, bias=True)
 
     @torch.no_grad()
     def zero_gate(self) -> None:
@@ -85,15 +90,20 @@ class BranchBase(nn.Module):
         """x: (N, D_inner, H, W) after conv + SiLU -> y: (N, L, D_inner) row-major, plus generated parameters."""
         raise NotImplementedError
 
+    def x_stream(self, x: torch.Tensor, hw: tuple[int, int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """x: (N, L, D_inner) from in_proj -> (y (N, L, D_inner), aux): the depthwise conv over the map, SiLU, then
+        the token mixer (eq. ssm_branch_scan_and_gate)."""
+        n = x.shape[0]
+        x = F.silu(self.conv(x.transpose(1, 2).reshape(n, -1, *hw)))
+        return self.mix(x, hw)
+
     def forward(self, f: torch.Tensor, return_aux: bool = False):
         n, _, h, w = f.shape
         if (h, w) != self.feature_hw:
             raise ValueError(f"branch built for {self.feature_hw} maps, got {(h, w)}")
         tokens = self.p_mlp(f).flatten(2).transpose(1, 2) + self.pos_embed  # (N, L, D'), eq. ssm_branch_backbone_addpos
         x, z = self.in_proj(tokens).chunk(2, dim=-1)  # (N, L, D_inner) each
-        x = x.transpose(1, 2).reshape(n, -1, h, w)
-        x = F.silu(self.conv(x))  # eq. ssm_branch_scan_and_gate
-        y, aux = self.mix(x, (h, w))  # (N, L, D_inner)
+        y, aux = self.x_stream(x, (h, w))  # (N, L, D_inner)
         y = self.out_norm(y) * F.silu(z)  # eq. ssm_branch_gated_output
         mu = self.out_proj(y).mean(dim=1)  # Pool over tokens -> (N, D')
         if not return_aux:
@@ -103,7 +113,8 @@ class BranchBase(nn.Module):
 
 
 class SS2DBranch(BranchBase):
-    """g_ssm with K-path 2D selective scan. Optional aux: Z (N, L, D'), B, C (N, K, L, d_state), Delta (N, K, L, D')."""
+    """g_ssm with K-path 2D selective scan. Optional aux: Z (N, L, D'), B, C (N, K, L, d_state), Delta (N, K, L, D'),
+    dt_low (N, K, L, dt_rank)."""
 
     gated = True
 
@@ -137,5 +148,6 @@ class SS2DBranch(BranchBase):
             "B": bs.transpose(2, 3),
             "C": cs.transpose(2, 3),
             "delta": F.softplus(dts + self.dt_proj_bias[None, :, :, None]).transpose(2, 3),
+            "dt_low": dt_low.transpose(2, 3),  # the low-rank dt before dt_proj (what the authors' separation reads)
         }
         return y, aux

@@ -34,7 +34,8 @@ def benchmark_branch(preset: str, overrides: dict, batch: int, channels: int, hw
 
     cfg, _ = preset_model_config(preset, overrides)
     torch.manual_seed(0)
-    branch = PROJECTOR_KINDS[cfg.projector].branch(channels, (hw, hw), BranchDims.from_config(cfg)).to(device)
+    kind = PROJECTOR_KINDS[cfg.projector].branch(cfg.ssm_branch)
+    branch = kind(channels, (hw, hw), BranchDims.from_config(cfg)).to(device)
     f = torch.randn(batch, channels, hw, hw, device=device)
 
     def sync():
@@ -52,7 +53,8 @@ def benchmark_branch(preset: str, overrides: dict, batch: int, channels: int, hw
         sync()
 
     return {"preset": preset, "projector": cfg.projector, "batch": batch, "map": f"{channels}x{hw}x{hw}",
-            "dim": cfg.dim, "d_state": cfg.d_state, "k_paths": cfg.k_paths, "threads": torch.get_num_threads(),
+            "dim": cfg.dim, "d_state": cfg.d_state, "k_paths": cfg.k_paths, "ssm_branch": cfg.ssm_branch,
+            "threads": torch.get_num_threads(),
             "device": device, "repeats": repeats,
             "forward_ms": round(_median_ms(forward, repeats), 2),
             "forward_backward_ms": round(_median_ms(forward_backward, repeats), 2)}

@@ -26,7 +26,7 @@ from pipeline.data.mixing import FEATURE_MIXUP_RATIO, deviation_draws, feature_m
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.file_digest import file_digest
 from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
-from pipeline.losses.classification import mixed_loss
+from pipeline.losses.classification import DR_WEIGHTINGS, mixed_loss
 from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import build_head
 from pipeline.models.projector import suppression_target
@@ -41,7 +41,7 @@ from pipeline.training.evaluate import session_metrics
 from pipeline.training.progress import CHECK_EVERY, ProgressLog, drain
 from pipeline.training.prototype import base_prototype_metrics, projected, prototype_metrics
 from pipeline.training.runtime import run_device
-from pipeline.training.schedule import set_lr, warmup_cosine
+from pipeline.training.schedule import SCHEDULES, set_lr
 
 STATE_FILE = "state.safetensors"
 METRICS_FILE = "metrics.json"
@@ -129,21 +129,26 @@ def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is
                      classifier_kind: str, inc, mix_perm: torch.Tensor | None,
                      frozen: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
     """The three terms of eq. optim_inc on one batch: (classification on feature-mixed mu, suppression (eq.
-    loss_supp), separation (eq. loss_sep)); a term whose weights are zero is an exact 0. mix_perm: the batch's
-    feature-mixup partners (None: not mixed); frozen: the batch's (mu_iden, mu_base) when p_iden and g_base are
-    frozen (`Projector.frozen_outputs`)."""
-    out = projector(x, mode="incremental", return_aux=True, frozen=frozen)
+    loss_supp), separation (eq. loss_sep)) in the forms incremental.* names, the class-sensitive ones per loss group;
+    a term whose weights are zero is an exact 0. mix_perm: the batch's feature-mixup partners (None: not mixed);
+    frozen: the batch's (mu_iden, mu_base) when p_iden and g_base are frozen (`Projector.frozen_outputs`)."""
+    out = projector(x, mode="incremental", return_aux=True, frozen=frozen, base_aux=bool(inc.lambda3_base))
     mu, y_a, y_b, lam = feature_mixup(out.mu, y, FEATURE_MIXUP_RATIO, mix_perm)
     head = HEADS[classifier_kind]
-    cls = mixed_loss(head.loss, classifier(mu, num_seen), y_a, y_b, lam, scale=head.loss_scale(inc.dr_scale))
+    cls = mixed_loss(head.loss, classifier(mu, num_seen), y_a, y_b, lam, scale=head.loss_scale(inc.dr_scale),
+                     weighting=DR_WEIGHTINGS[inc.dr_weighting])
     supp = sep = torch.zeros((), device=x.device)
     if inc.suppression_on:
         target = SUPPRESSION_TARGETS[suppression_target(projector.kind, inc.suppression)](out.aux, out.mu_inc)
         if target is None:
-            raise FSCILError(f"params: incremental.suppression={inc.suppression} needs a projector with g_inc")
-        supp = suppression_loss(target, is_base, inc.lambda1, inc.lambda2)
-    if inc.lambda3:
-        sep = inc.lambda3 * separation_loss(out.aux, is_base)
+            raise FSCILError(f"params: incremental.suppression={inc.suppression} needs "
+                             + ("model.ssm_branch mamba_1d" if inc.suppression == "z_channel_flip"
+                                else "a projector with g_inc"))
+        supp = suppression_loss(target, is_base, inc.lambda1, inc.lambda2, inc.suppression_form, inc.loss_groups)
+    forms = (inc.separation_form, inc.separation_delta, inc.separation_paths, inc.loss_groups)
+    for weight, aux in ((inc.lambda3, out.aux), (inc.lambda3_base, out.aux_base)):
+        if weight:
+            sep = sep + weight * separation_loss(aux, is_base, *forms)
     return cls, supp, sep
 
 
@@ -202,7 +207,7 @@ class SessionDraws:
     feature-mixup partners or None, and the lent-deviation draws or None."""
 
     def __init__(self, gen: torch.Generator, rows: int, steps: int, batch: int, mixup_prob: float, device,
-                 deviations: tuple[float, int, torch.Generator] | None = None):
+                 deviations: tuple[float, int, torch.Generator] | None = None, groups: int = 1):
         per_epoch = rows // batch
         idx, perms, self.mixed = [], [], []
         order = torch.zeros(0, dtype=torch.long)
@@ -210,7 +215,7 @@ class SessionDraws:
             if step % per_epoch == 0:
                 order = torch.randperm(rows, generator=gen)
             idx.append(order[(step % per_epoch) * batch:(step % per_epoch + 1) * batch])
-            perm = mixup_draws(batch, mixup_prob, gen)
+            perm = mixup_draws(batch, mixup_prob, gen, groups)
             self.mixed.append(perm is not None)
             perms.append(perm if perm is not None else torch.arange(batch))
         stacked = (torch.stack(idx), torch.stack(perms)) if steps else (torch.zeros(0, batch, dtype=torch.long),) * 2
@@ -313,8 +318,12 @@ def fit_session(cfg, session: int, projector, classifier, data: SessionData, sto
                           weight_decay=inc.weight_decay)
     steps = inc.session_value("steps", session)
     deviations, lent = lent_deviations(cfg, session, store, device)
-    draws = SessionDraws(seeded_generator(cfg.seed, SESSION * session), len(data.y), steps,
-                         min(inc.batch_size, len(data.y)), inc.mixup_prob, device, lent)
+    batch = min(inc.batch_size, len(data.y))
+    if batch % inc.loss_groups:
+        raise FSCILError(f"session {session}: its {len(data.y)} training rows make batches of {batch}, which do not "
+                         f"split into incremental.loss_groups={inc.loss_groups} groups")
+    draws = SessionDraws(seeded_generator(cfg.seed, SESSION * session), len(data.y), steps, batch, inc.mixup_prob,
+                         device, lent, inc.loss_groups)
     projector.train()
     classifier.train()
     history = {"loss": [], "cls": [], "supp": [], "sep": []}
@@ -327,7 +336,7 @@ def fit_session(cfg, session: int, projector, classifier, data: SessionData, sto
     progress = ProgressLog(f"session {session}", steps, "step", enabled=progress_lines)
     for step in bar:
         idx, mix_perm, lent_draws = draws.step(step)
-        set_lr(opt, warmup_cosine(step, steps, inc.warmup_steps, inc.warmup_ratio, inc.min_lr_ratio))
+        set_lr(opt, SCHEDULES[inc.schedule](inc, step, steps))
         x = data.x[idx] if deviations is None else lend_deviations(data.x[idx], data.is_base[idx], deviations,
                                                                    lent_draws)
         pending.append(train_step(projector, classifier, opt, trainable, (x, data.y[idx], data.is_base[idx]),

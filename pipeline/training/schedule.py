@@ -16,6 +16,39 @@ def warmup_cosine(step: int, total_steps: int, warmup_steps: int, warmup_ratio: 
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def mmcv_cosine_cooldown(iteration: int, max_iters: int, warmup_iters: int, warmup_ratio: float, min_ratio: float,
+                         cooldown_iters: int, cooldown_ratio: float) -> float:
+    """Multiplier of the peak lr under mmcv's `CosineAnnealingCooldownLrUpdaterHook` by iteration with linear
+    warm-up (the authors' `mmcls/core/hook/lr_updater.py` on mmcv's `LrUpdaterHook`), at mmcv's iteration count:
+
+        regular = min + (1 - min) (1 + cos(pi iteration / (max_iters - cooldown_iters))) / 2,
+                  or cooldown_ratio * min for iteration > max_iters - cooldown_iters;
+        iteration < warmup_iters: regular * (1 - (1 - iteration / warmup_iters) (1 - warmup_ratio)),
+
+    the warm-up multiplying the cosine value (not replacing it). The authors' session loop counts iterations from 1
+    (its runner steps before the hook), so session step s (0-based) is iteration s + 1.
+    """
+    span = max_iters - cooldown_iters
+    if iteration > span:
+        regular = cooldown_ratio * min_ratio
+    else:
+        regular = min_ratio + 0.5 * (1.0 - min_ratio) * (math.cos(math.pi * iteration / span) + 1)
+    if iteration < warmup_iters:
+        return regular * (1.0 - (1.0 - iteration / warmup_iters) * (1.0 - warmup_ratio))
+    return regular
+
+
+# the lr multiplier of incremental step `step` (0-based) of `steps` by incremental.schedule: ours (0-based, warm-up to
+# the peak, then cosine) or the authors' session loop (mmcv's hook at iteration step + 1, cool-down at the end)
+SCHEDULES = {
+    "warmup_cosine": lambda inc, step, steps: warmup_cosine(step, steps, inc.warmup_steps, inc.warmup_ratio,
+                                                            inc.min_lr_ratio),
+    "mmcv_cosine_cooldown": lambda inc, step, steps: mmcv_cosine_cooldown(
+        step + 1, steps, inc.warmup_steps, inc.warmup_ratio, inc.min_lr_ratio, inc.cooldown_steps,
+        inc.cooldown_ratio),
+}
+
+
 def set_lr(optimizer, factor: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"] * factor
