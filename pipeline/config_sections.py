@@ -176,9 +176,9 @@ class ModelConfig(SectionConfig):
     """Number of scan paths K: 1, 2 or 4."""
     expand: int = 1
     """d_inner = expand * D'."""
-    d_conv: int = 3
-    """Depthwise conv kernel of the x stream (ss2d: k x k over the map, odd; mamba_1d: causal along each token
-    order, 4 in the authors' configs)."""
+    d_conv: int | None = None
+    """Depthwise conv kernel of the x stream (null: the branch's own: 3 for ss2d and the other mixers, a k x k conv
+    over the map, odd; 4 for mamba_1d, causal along each token order, as in the authors' configs)."""
     ssm_branch: str = "ss2d"
     """The selective-SSM branch of dual_ssm / single_ssm: ss2d (the paper's text: a k x k depthwise conv over the
     map, K scan paths with their own x_proj / dt_proj / A / D) or mamba_1d (the authors' CIFAR-100 / miniImageNet
@@ -201,15 +201,17 @@ class ModelConfig(SectionConfig):
         check(self.projector in names.PROJECTORS, "model", "projector", f"must be one of {sorted(names.PROJECTORS)}")
         check(self.classifier in names.HEADS, "model", "classifier", f"must be one of {sorted(names.HEADS)}")
         check(self.resnet18_stem in ("cifar", "imagenet"), "model", "resnet18_stem", "must be cifar or imagenet")
-        for key in ("dim", "d_state", "dt_rank", "expand", "d_conv"):
+        for key in ("dim", "d_state", "dt_rank", "expand"):
             check(getattr(self, key) >= 1, "model", key, "must be >= 1")
+        check(self.d_conv is None or self.d_conv >= 1, "model", "d_conv", "must be >= 1 or null")
         check(self.k_paths in (1, 2, 4), "model", "k_paths", "must be 1, 2 or 4")
         check(self.mlp_layers in (2, 3), "model", "mlp_layers", "must be 2 or 3")
         check(self.inc_mlp_layers in (None, 2, 3), "model", "inc_mlp_layers", "must be 2, 3 or null")
         check(self.ssm_branch in names.SSM_BRANCHES, "model", "ssm_branch",
               f"must be one of {', '.join(names.SSM_BRANCHES)}")
-        check(self.ssm_branch != "ss2d" or self.d_conv % 2 == 1, "model", "d_conv",
-              "must be odd for ssm_branch ss2d (a k x k conv that keeps the map's size)")
+        check(self.d_conv is None or self.d_conv % 2 == 1 or (self.ssm_branch == "mamba_1d" and self.projector in (
+            "dual_ssm", "single_ssm")), "model", "d_conv", "must be odd for a k x k conv over the map (only "
+              "ssm_branch mamba_1d's causal conv1d takes an even kernel)")
         check(self.projector != "transformer" or (self.expand * self.dim) % names.ATTENTION_HEADS == 0, "model",
               "dim", f"times model.expand must be divisible by the transformer's {names.ATTENTION_HEADS} heads")
 

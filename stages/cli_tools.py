@@ -86,6 +86,7 @@ def model_summary(
     d_state: Annotated[int | None, typer.Option(help="SSM state size.")] = None,
     dt_rank: Annotated[int | None, typer.Option(help="Low-rank width of f_Delta.")] = None,
     k_paths: Annotated[int | None, typer.Option(help="Scan paths K.")] = None,
+    ssm_branch: Annotated[str | None, typer.Option(help="ss2d or mamba_1d (the selective-SSM branch).")] = None,
     classifier: Annotated[str | None, typer.Option(help="etf or linear.")] = None,
     num_classes: Annotated[int | None, typer.Option(help="Total classes (default: the preset dataset's).")] = None,
     input_size: Annotated[int | None, typer.Option(help="Input image size (default: the preset's).")] = None,
@@ -97,7 +98,7 @@ def model_summary(
 
     kinds = list(PROJECTOR_KINDS) if projector == "all" else (projector.split(",") if projector else [None])
     overrides = {"backbone": backbone, "dim": dim, "d_state": d_state, "dt_rank": dt_rank,
-                 "k_paths": k_paths, "classifier": classifier,
+                 "k_paths": k_paths, "ssm_branch": ssm_branch, "classifier": classifier,
                  "backbone_widths": [int(w) for w in widths.split(",")] if widths else None}
     summaries = [_run("model summary", summarise_model, preset, {**overrides, "projector": kind}, num_classes,
                       input_size, timed=False) for kind in kinds]

@@ -147,7 +147,7 @@ def test_mmcv_session_schedule_at_its_boundaries_by_hand():
 
 
 PAPER_FORMS = {
-    "cifar100": {"model.ssm_branch": "mamba_1d", "model.d_conv": "4", "incremental.suppression": "z_channel_flip",
+    "cifar100": {"model.ssm_branch": "mamba_1d", "incremental.suppression": "z_channel_flip",
                  "incremental.separation_paths": "first", "incremental.dr_weighting": "class_balanced"},
     "mini_imagenet": {"model.ssm_branch": "mamba_1d", "incremental.suppression": "z_channel_flip",
                       "incremental.dr_weighting": "class_balanced"},

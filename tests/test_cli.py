@@ -24,8 +24,11 @@ def test_model_summary_cifar_setting():
     summary = json.loads(result.output[result.output.index("{"):result.output.rindex("}") + 1])
     assert summary["feature_map"] == "640x2x2" and summary["num_classes"] == 100
     parts = {k: v["parameters"] for k, v in summary["components"].items()}
-    expected = ss2d_branch_params(640, 2, 2, 640, 256, 256, 4)
-    assert parts["g_base"] == parts["g_inc"] == expected
+    # the preset's branch is the authors' shared 1-D block: their CIFAR-100 neck has 6,590,720 parameters
+    assert parts["g_base"] == parts["g_inc"] == 6_590_720 // 2
+    ss2d = cli("model", "summary", "--json", "--ssm-branch", "ss2d")
+    ss2d_parts = {k: v["parameters"] for k, v in json.loads(ss2d.output)["components"].items()}
+    assert ss2d_parts["g_base"] == ss2d_parts["g_inc"] == ss2d_branch_params(640, 2, 2, 640, 256, 256, 4)
     assert parts["p_iden"] == 0  # C == D': identity
     assert parts["classifier"] == 0  # the ETF is a buffer
     assert parts["backbone"] == sum(p.numel() for p in build_backbone("resnet12").parameters())

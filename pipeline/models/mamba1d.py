@@ -43,6 +43,7 @@ class SharedMamba1DBranch(BranchBase):
     d_state), Delta (N, K, L, D_inner), dt_low (N, K, L, dt_rank)."""
 
     gated = True
+    default_conv = 4  # the authors' d_conv
 
     def __init__(self, in_channels: int, feature_hw: tuple[int, int], dims: BranchDims, zero_init_gate: bool = False):
         super().__init__(in_channels, feature_hw, dims, zero_init_gate)

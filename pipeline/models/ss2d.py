@@ -27,7 +27,7 @@ class BranchDims:
     dt_rank: int  # D_Delta, the low-rank width of f_Delta
     k_paths: int  # number of scan paths K (1, 2 or 4)
     expand: int  # d_inner = expand * D'
-    d_conv: int  # depthwise conv kernel
+    d_conv: int | None  # depthwise conv kernel (None: the branch class's `default_conv`)
     mlp_layers: int  # p_mlp depth (2 or 3)
     out_norm: bool  # LayerNorm on the merged scan output before gating (the authors' code)
 
@@ -59,6 +59,7 @@ class BranchBase(nn.Module):
     """
 
     gated: bool = False
+    default_conv: int = 3  # the x stream's conv kernel when model.d_conv is null
 
     def __init__(self, in_channels: int, feature_hw: tuple[int, int], dims: BranchDims, zero_init_gate: bool = False):
         super().__init__()
@@ -72,7 +73,7 @@ class BranchBase(nn.Module):
         self.in_proj = nn.Linear(d, 2 * di, bias=False)  # -> x (p_x) and z (p_z), eq. ssm_branch_scan_and_gate
         if zero_init_gate:
             self.zero_gate()
-        self.conv = self.build_conv(di, dims.d_conv)
+        self.conv = self.build_conv(di, dims.d_conv if dims.d_conv is not None else self.default_conv)
         self.out_norm = nn.LayerNorm(di) if dims.out_norm else nn.Identity()
         self.out_proj = nn.Linear(di, d, bias=False) if di != d else nn.Identity()
 
