@@ -174,3 +174,40 @@ def test_config_show_origin_shows_the_authors_forms_on_each_paper_preset(preset)
     assert (inc.suppression_form, inc.separation_form, inc.separation_delta, inc.separation_paths, inc.loss_groups,
             inc.dr_weighting, inc.schedule, cfg.model.ssm_branch) == (
         "squared_mean", "abs_cos", "delta", "all", 1, "uniform", "warmup_cosine", "ss2d")
+
+
+def test_cub_forms_a_three_layer_p_mlp_for_g_inc_and_a_separation_on_g_base():
+    from pipeline.models.classifier import ETFClassifier
+    from pipeline.models.projector import Projector
+    from pipeline.models.ss2d import BranchDims
+    from pipeline.training.incremental_session import incremental_loss
+
+    dims = BranchDims(dim=8, d_state=4, dt_rank=3, k_paths=4, expand=1, d_conv=None, mlp_layers=2, out_norm=True)
+    torch.manual_seed(0)
+    proj = Projector("dual_ssm", 6, (2, 2), dims, inc_mlp_layers=3)
+    hidden = 12  # 2C
+    extra = hidden * hidden + hidden + 2 * hidden * 2 * 2  # the repeated conv1x1 and LayerNorm
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(proj.g_inc) == count(proj.g_base) + extra
+    assert len(proj.g_inc.p_mlp.net) == len(proj.g_base.p_mlp.net) + 3
+    # lambda3_base adds lambda3_base x the separation of g_base's own parameters (here with lambda3 = 0)
+    cfg = build_config({"preset": "cub200", "data": {"source": "synthetic"},
+                        "model": {"dim": 8, "d_state": 4, "dt_rank": 3},
+                        "incremental": {"lambda1": 1.0, "lambda2": 0.0, "lambda3": 0.0, "lambda3_base": 0.5,
+                                        "loss_groups": 2}})
+    with torch.no_grad():
+        proj.g_inc.in_proj.weight.normal_()
+    x, y = torch.randn(8, 6, 2, 2), torch.tensor([0, 1, 120, 121, 2, 3, 122, 123])
+    is_base = y < 100
+    etf = ETFClassifier(8, 8)
+    _, _, sep = incremental_loss(proj, etf, x, y % 8, is_base, 8, "etf", cfg.incremental, None)
+    with torch.no_grad():
+        aux_base = proj.g_base(x, return_aux=True)[1]
+    inc = cfg.incremental
+    want = 0.5 * separation_loss(aux_base, is_base, inc.separation_form, inc.separation_delta, inc.separation_paths,
+                                 inc.loss_groups)
+    assert sep.item() == pytest.approx(want.item(), rel=1e-5) and want.item() > 0
+    # it trains g_base: refused while the base parts are frozen
+    with pytest.raises(Exception, match="lambda3_base needs freeze_base false"):
+        build_config({"preset": "cub200", "data": {"source": "synthetic"},
+                      "incremental": {"freeze_base": True}})
