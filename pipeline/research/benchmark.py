@@ -203,15 +203,18 @@ SCAN_GRID_PRESETS = ("cifar100", "mini_imagenet", "cub200")
 SCAN_GRID_BATCHES = (8, 64, 512)
 
 
-def _scan_inputs(b: int, k: int, d_inner: int, n: int, tokens: int, device: str) -> dict[str, torch.Tensor]:
-    """Seeded inputs of one SS2D-shaped selective scan: K groups of d_inner channels, B and C per group."""
+def _scan_inputs(b: int, k: int, d_inner: int, n: int, tokens: int, device: str,
+                 shared: bool = False) -> dict[str, torch.Tensor]:
+    """Seeded inputs of one selective scan of a branch: SS2D's (K groups of d_inner channels, B and C per group) or,
+    `shared` (model.ssm_branch mamba_1d), the 1-D branch's (the K orders as K x b rows of d_inner channels, one B and
+    C for all channels)."""
     gen = torch.Generator().manual_seed(0)
-    d = k * d_inner
+    b, d, bc = (b * k, d_inner, (n, tokens)) if shared else (b, k * d_inner, (k, n, tokens))
     return {"u": torch.randn(b, d, tokens, generator=gen).to(device).requires_grad_(),
             "delta": torch.randn(b, d, tokens, generator=gen).to(device).requires_grad_(),
             "A": (-torch.rand(d, n, generator=gen) - 0.5).to(device),
-            "B": torch.randn(b, k, n, tokens, generator=gen).to(device).requires_grad_(),
-            "C": torch.randn(b, k, n, tokens, generator=gen).to(device).requires_grad_(),
+            "B": torch.randn(b, *bc, generator=gen).to(device).requires_grad_(),
+            "C": torch.randn(b, *bc, generator=gen).to(device).requires_grad_(),
             "D": torch.ones(d, device=device), "delta_bias": torch.zeros(d, device=device)}
 
 
@@ -227,23 +230,26 @@ def _scan_once(inputs: dict[str, torch.Tensor], grad: bool, sync: Callable[[], N
 
 def scan_grid(device: str, repeats: int, scans: tuple[str, ...], presets: tuple[str, ...] = SCAN_GRID_PRESETS,
               batches: tuple[int, ...] = SCAN_GRID_BATCHES, log: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """Median ms of the selective scan alone at each preset's SS2D shape (d = K x d_inner channels in K groups,
-    n = d_state, l = the map's tokens) and each batch, forward without gradients and forward + backward, under each
-    of `scans`: the timings `scan: auto` dispatches by (pipeline/ops/scan_dispatch.py)."""
+    """Median ms of the selective scan alone at each preset's branch shape (SS2D: d = K x d_inner channels in K
+    groups; the 1-D branch: K x the batch of d_inner channels; n = d_state, l = the map's tokens) and each batch,
+    forward without gradients and forward + backward, under each of `scans`: the timings `scan: auto` dispatches by
+    (pipeline/ops/scan_dispatch.py)."""
     say = log or (lambda line: None)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rows = []
     for preset in presets:
         model, _ = preset_model_config(preset, {})
         k, d_inner, n, side = model.k_paths, model.expand * model.dim, model.d_state, preset_map(preset)[1]
-        for b in batches:
-            inputs = _scan_inputs(b, k, d_inner, n, side * side, device)
+        shared = model.ssm_branch == "mamba_1d"
+        for batch in batches:
+            inputs = _scan_inputs(batch, k, d_inner, n, side * side, device, shared)
+            b, d = inputs["u"].shape[:2]
             for scan in each_scan(scans, device):
                 for grad in (False, True):
                     ms = _median_ms(functools.partial(_scan_once, inputs, grad, sync), repeats)
-                    rows.append({"preset": preset, "b": b, "d": k * d_inner, "l": side * side, "n": n, "grad": grad,
+                    rows.append({"preset": preset, "b": b, "d": d, "l": side * side, "n": n, "grad": grad,
                                  "scan": scan, "ms": round(ms, 4)})
-                    say(f"scan grid: {preset} b {b} d {k * d_inner} l {side * side} n {n} "
+                    say(f"scan grid: {preset} b {b} d {d} l {side * side} n {n} "
                         f"{'fwd+bwd' if grad else 'fwd'} {scan}: {ms:.3f} ms")
     return pd.DataFrame(rows)
 
