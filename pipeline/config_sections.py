@@ -236,10 +236,44 @@ class BaseConfig(SectionConfig):
     """SGD momentum."""
     weight_decay: float = 5e-4
     """SGD weight decay."""
+    device_batch: int | None = None
+    """Rows of the global batch one of the authors' GPUs held (null: the whole batch is one group). With a value, the
+    backbone's BatchNorm statistics are those of each group of that many consecutive rows (their plain BatchNorm on
+    8 GPUs: 64 for CIFAR-100 / miniImageNet; CUB's SyncBN is null) and Mixup / CutMix partners stay within a group
+    (one permutation for all, as one seed gave every GPU); the running statistics follow the first group (rank 0's).
+    Results depend on this key, never on the number of processes."""
+    schedule: str = "warmup_cosine"
+    """The base lr schedule by step: warmup_cosine (linear warm-up from warmup_ratio to lr over warmup_steps, then
+    cosine to min_lr_ratio at the last step), mmcv_cosine_cooldown (the authors' CIFAR-100 / CUB: mmcv's hook, the
+    warm-up factor multiplying the cosine to min_lr_ratio over the steps but the last cooldown_steps, which run at
+    cooldown_ratio x min_lr_ratio) or mmcv_step (the authors' miniImageNet: lr x step_gamma at each of step_epochs,
+    the warm-up factor multiplying it)."""
     warmup_steps: int = 100
-    """Linear warm-up steps before the cosine schedule."""
+    """Linear warm-up steps."""
+    warmup_ratio: float = 0.0
+    """Where the warm-up starts, as a fraction (mmcv schedules: a factor of the scheduled value; the authors' 0.1,
+    miniImageNet 0.25)."""
     min_lr_ratio: float = 0.0
-    """Final learning rate as a fraction of lr."""
+    """Final learning rate as a fraction of lr (cosine schedules)."""
+    cooldown_steps: int = 0
+    """mmcv_cosine_cooldown: the last this many steps at cooldown_ratio x min_lr_ratio x lr (the authors' 10)."""
+    cooldown_ratio: float = 0.1
+    """mmcv_cosine_cooldown: the cool-down lr as a fraction of the cosine's floor."""
+    step_epochs: list[int] = field(default_factory=list)
+    """mmcv_step: the epochs (0-based, counted from the start) from which the lr is multiplied by step_gamma once
+    more (the authors' miniImageNet: 200, 300, 350, 400, 450)."""
+    step_gamma: float = 0.1
+    """mmcv_step: the factor at each of step_epochs (miniImageNet: 0.25)."""
+    drop_last: bool = True
+    """Drop the last, smaller batch of each pass over the images (ours); false: keep it, as the authors' sampler did
+    (CUB: 24 iterations per 4 epochs, not 20)."""
+    repeat: int = 1
+    """Epochs that share one shuffled pass over `repeat` copies of the images (the authors' RepeatDataset: 4 for
+    CIFAR-100 and CUB, 10 for miniImageNet): where the last smaller batch falls and which images can meet in a
+    batch. base.epochs (and checkpoint_every) are multiples of it."""
+    dr_weighting: str = "uniform"
+    """How the samples weigh in the DR loss: uniform, or class_balanced (the authors' `with_len` in miniImageNet's
+    base config: each sample (batch / classes in the batch) / the count of its class, over the global batch)."""
     mixup_alpha: float = 0.0
     """Batch Mixup alpha (0: off)."""
     cutmix_alpha: float = 0.0
@@ -281,6 +315,21 @@ class BaseConfig(SectionConfig):
         for key in LAST_EPOCHS_KEYS:  # a preset's count must not swallow a shorter training
             check(getattr(self, key) <= self.epochs, "base", key, f"must be <= base.epochs ({self.epochs})")
         check(self.warmup_steps >= 0, "base", "warmup_steps", "must be >= 0")
+        check(0 <= self.warmup_ratio <= 1, "base", "warmup_ratio", "must be in [0, 1]")
+        check(self.schedule in names.BASE_SCHEDULES, "base", "schedule",
+              f"must be one of {', '.join(names.BASE_SCHEDULES)}")
+        check(self.dr_weighting in names.DR_WEIGHTINGS, "base", "dr_weighting",
+              f"must be one of {', '.join(names.DR_WEIGHTINGS)}")
+        for key in ("cooldown_steps", "cooldown_ratio", "step_gamma"):
+            check(getattr(self, key) >= 0, "base", key, "must be >= 0")
+        check(all(0 < e < self.epochs for e in self.step_epochs) and self.step_epochs == sorted(set(self.step_epochs)),
+              "base", "step_epochs", f"must be increasing epochs between 1 and {self.epochs - 1}")
+        check(self.device_batch is None or (self.device_batch >= 1 and self.batch_size % self.device_batch == 0),
+              "base", "device_batch", f"must be null or divide base.batch_size ({self.batch_size})")
+        check(self.repeat >= 1 and self.epochs % self.repeat == 0, "base", "repeat",
+              f"must be >= 1 and divide base.epochs ({self.epochs})")
+        check(self.checkpoint_every % self.repeat == 0, "base", "checkpoint_every",
+              f"must be a multiple of base.repeat ({self.repeat})")
 
 
 @dataclass

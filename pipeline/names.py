@@ -17,5 +17,6 @@ SEPARATION_DELTAS = ("delta", "dt_low")  # pipeline.losses.class_sensitive.SEPAR
 SEPARATION_PATHS = ("all", "first")  # pipeline.losses.class_sensitive.SEPARATION_PATHS
 DR_WEIGHTINGS = ("uniform", "class_balanced")  # pipeline.losses.classification.DR_WEIGHTINGS
 SCHEDULES = ("warmup_cosine", "mmcv_cosine_cooldown")  # pipeline.training.schedule.SCHEDULES
+BASE_SCHEDULES = (*SCHEDULES, "mmcv_step")  # pipeline.training.schedule.BASE_SCHEDULES
 ATTENTION_HEADS = 8  # the appendix's 8-head Transformer mixer (pipeline.models.mixers)
 SCAN_CHOICES = ("auto", "torch", "triton", "mamba")  # params scan: pipeline.ops.selective_scan.set_scan

@@ -13,7 +13,7 @@ import torch
 from pipeline.config import build_config
 from pipeline.data.mixing import mixup_draws
 from pipeline.losses.class_sensitive import separation_loss, suppression_loss
-from pipeline.losses.classification import class_balance_weights, dot_regression_loss, mixed_loss
+from pipeline.losses.classification import class_balance_weights, dot_regression_loss, mixed_loss, target_weights
 from pipeline.models.mamba1d import cross_merge_channel_flip
 from pipeline.ops.cross_scan import cross_scan
 from pipeline.training.schedule import SCHEDULES, mmcv_cosine_cooldown
@@ -82,7 +82,7 @@ def test_class_balanced_dr_weights_and_mixed_loss_by_hand():
     per = 0.5 * (torch.tensor([0.5, 0.2, 1.0, -0.5]) - 1) ** 2
     want = 10 * (per * torch.tensor([2 / 3, 2 / 3, 2 / 3, 2.0])).mean()
     got = mixed_loss(dot_regression_loss, logits, labels, labels, torch.ones(4), scale=10.0,
-                     weighting=class_balance_weights)
+                     weights=target_weights("class_balanced", labels, labels, 5))
     assert got.item() == pytest.approx(want.item(), rel=1e-6)
     # the authors' with_len: 0.5 mean((f . r w - r)^2) with r = sqrt(weight) equals the weighted DR loss
     r = torch.tensor([2 / 3, 2 / 3, 2 / 3, 2.0]).sqrt()

@@ -180,8 +180,14 @@ def _stage_in_two_processes(stage: str, params: Path, data_dir: Path) -> None:
     assert f"stage {stage}: 2 processes under torchrun" in proc.stderr
 
 
-@pytest.mark.parametrize("extra", [{}, {"precise_bn": True}, {"backbone_ce": 1.0, "lr": 3e-4}],
-                         ids=["running-bn", "precise-bn", "backbone-ce"])
+# the authors' base training: BatchNorm and Mixup partners per device group of 8 (2 groups a process), one pass of
+# 3 epochs with its last, smaller batch kept, Mixup on 80 % of the batches, class-balanced DR over the global batch
+DEVICE_BATCH = {"device_batch": 8, "drop_last": False, "repeat": 3, "checkpoint_every": 3, "mix_prob": 0.8,
+                "dr_weighting": "class_balanced"}
+
+
+@pytest.mark.parametrize("extra", [{}, {"precise_bn": True}, {"backbone_ce": 1.0, "lr": 3e-4}, DEVICE_BATCH],
+                         ids=["running-bn", "precise-bn", "backbone-ce", "device-batch"])
 def test_base_stage_depends_on_the_global_batch_not_the_process_count(tmp_path, extra):
     # two processes need two GPUs (one each); with fewer the comparison runs on the CPU (gloo)
     device = TEST_DEVICE if TEST_DEVICE == "cpu" or torch.cuda.device_count() >= 2 else "cpu"
@@ -210,9 +216,20 @@ def test_base_stage_depends_on_the_global_batch_not_the_process_count(tmp_path, 
     m2 = json.loads((StagePaths(two).base / "metrics.json").read_text())
     assert (m1["world_size"], m2["world_size"]) == (1, 2)
     assert m1["precise_bn_layers"] == m2["precise_bn_layers"] == (16 if extra.get("precise_bn") else 0)
-    assert m1["acc"] == m2["acc"] and m1["per_class_acc"] == m2["per_class_acc"] and m1["steps"] == m2["steps"] == 9
+    assert m1["acc"] == m2["acc"] and m1["per_class_acc"] == m2["per_class_acc"] and m1["steps"] == m2["steps"]
+    if extra is DEVICE_BATCH:  # one pass over 3 copies of the images, the last batch kept (padded to 4 groups)
+        assert m1["steps"] == -(-(-(-3 * _base_images(one) // 4) * 4) // 32) and len(m1["train_loss"]) == 1
+    else:
+        assert m1["steps"] == 9
     assert m2["train_loss"] == pytest.approx(m1["train_loss"], abs=E2E_TOL, rel=0)
     assert not (StagePaths(two).base_checkpoints).exists()  # rank 0 cleaned up; rank 1 wrote nothing
+
+
+def _base_images(data_dir: Path) -> int:
+    from pipeline.data.pack import ImagePack
+
+    with ImagePack.open(StagePaths(data_dir).pack) as pack:
+        return len(pack.protocol.sessions[0].train_ids)
 
 
 def test_nproc_per_node_is_validated_and_left_out_of_digests():

@@ -44,14 +44,27 @@ class MixedBatch:
         return lam * loss_a + (1 - lam) * loss_b
 
 
+def group_permutation(n: int, groups: int, generator: torch.Generator) -> torch.Tensor:
+    """A permutation of n rows that keeps each of `groups` blocks of n / groups consecutive rows in place: one
+    permutation of a block's rows, the same for every block (the authors' GPUs drew their partners from one seed)."""
+    if groups == 1:
+        return torch.randperm(n, generator=generator, device=generator.device)
+    size = n // groups
+    within = torch.randperm(size, generator=generator, device=generator.device)
+    return (torch.arange(groups, device=within.device)[:, None] * size + within).reshape(-1)
+
+
 def mixup_cutmix(x: torch.Tensor, y: torch.Tensor, num_classes: int, mixup_alpha: float, cutmix_alpha: float,
-                 prob: float, switch_prob: float, generator: torch.Generator) -> MixedBatch:
+                 prob: float, switch_prob: float, generator: torch.Generator, groups: int = 1) -> MixedBatch:
     """Mix a batch x: (N, 3, H, W) float, y: (N,) int64. With probability `prob` mix; CutMix is chosen with
-    probability `switch_prob` when both alphas are positive, else whichever alpha is positive."""
+    probability `switch_prob` when both alphas are positive, else whichever alpha is positive. groups: partners
+    within each block of N / groups consecutive rows (base.device_batch), one lambda and box for the batch."""
     n, _, height, width = x.shape
+    if n % groups:
+        raise ValueError(f"a batch of {n} rows does not split into {groups} device groups")
     u = torch.rand(2, generator=generator, device=generator.device).tolist()
     seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
-    perm = torch.randperm(n, generator=generator, device=generator.device).to(x.device)
+    perm = group_permutation(n, groups, generator).to(x.device)
     rng = np.random.default_rng(seed)
     identity = torch.arange(n, device=x.device)
     if u[0] >= prob or (mixup_alpha <= 0 and cutmix_alpha <= 0):

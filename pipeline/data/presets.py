@@ -3,7 +3,7 @@
 Values follow the authors' (NC-FSCIL / mmcls) pipelines for the benchmarks:
 - cifar100: RandomResizedCrop(32, scale 0.6-1, bicubic), flip, ColorJitter 0.4; test Resize(36) + CenterCrop(32).
 - mini_imagenet: RandomResizedCrop(84), flip, ColorJitter 0.4; test Resize(96) + CenterCrop(84); ImageNet stats.
-- cub200: RandomResizedCrop(224), flip, ColorJitter 0.4; test Resize(256) + CenterCrop(224); ImageNet stats.
+- cub200: RandomResizedCrop(224), flip, ColorJitter 0.3; test Resize(256) + CenterCrop(224); ImageNet stats.
   The pack stores CUB at `image_size` (224): shorter side resized to 224, centre square. Training crops come
   from that square; the test view (upsample to 256, centre 224) shows the same central 87.5% as the standard
   Resize(256) + CenterCrop(224) on the original image.
@@ -63,7 +63,8 @@ PRESETS: dict[str, ImagePreset] = {
                             std=(68.170 / 255, 65.392 / 255, 70.418 / 255), crop_scale=(0.6, 1.0),
                             interpolation="bicubic"),
     "mini_imagenet": ImagePreset("mini_imagenet", 84, 84, 96, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0)),
-    "cub200": ImagePreset("cub200", 224, 224, 256, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0)),
+    "cub200": ImagePreset("cub200", 224, 224, 256, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0),
+                          brightness=0.3, contrast=0.3, saturation=0.3),
     "class_folder": ImagePreset("class_folder", 84, 84, 96, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0)),
     # omniglot: binary strokes on white, grayscale replicated; statistics measured on background_small1 at 32 px.
     # No flip (a mirrored character can be another one) and no colour jitter; mild crops keep the strokes.

@@ -31,19 +31,27 @@ def cross_entropy_loss(logits: torch.Tensor, target: torch.Tensor, weight: torch
 
 
 def mixed_loss(loss_fn, logits: torch.Tensor, target_a: torch.Tensor, target_b: torch.Tensor, lam: torch.Tensor,
-               denominator: float | None = None, scale: float = 1.0, weighting=None) -> torch.Tensor:
+               denominator: float | None = None, scale: float = 1.0,
+               weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """lam * L(y_a) + (1 - lam) * L(y_b), each sample counted once (lam: (N,) or a scalar).
 
     The reference code double-counts one term under Mixup/CutMix; here the two targets share one denominator.
-    weighting: None, or a per-sample weight of each target's labels (`DR_WEIGHTINGS`), times lam and 1 - lam.
+    weights: None, or per-sample weights of each target (`DR_WEIGHTINGS` of its labels), times lam and 1 - lam.
     """
     lam = torch.as_tensor(lam, dtype=logits.dtype, device=logits.device).expand(logits.shape[0])
     weight_a, weight_b = lam, 1.0 - lam
-    if weighting is not None:
-        weight_a = weight_a * weighting(target_a, logits.shape[1])
-        weight_b = weight_b * weighting(target_b, logits.shape[1])
+    if weights is not None:
+        weight_a, weight_b = weight_a * weights[0], weight_b * weights[1]
     return (loss_fn(logits, target_a, weight_a, denominator, scale)
             + loss_fn(logits, target_b, weight_b, denominator, scale))
+
+
+def target_weights(kind: str, target_a: torch.Tensor, target_b: torch.Tensor,
+                   num_classes: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each target's per-sample weights under a DR weighting (`DR_WEIGHTINGS`), for `mixed_loss`; None when uniform.
+    Computed on the batch given (the global batch when it is split across processes)."""
+    rule = DR_WEIGHTINGS[kind]
+    return None if rule is None else (rule(target_a, num_classes), rule(target_b, num_classes))
 
 
 def class_balance_weights(labels: torch.Tensor, num_classes: int) -> torch.Tensor:

@@ -28,7 +28,7 @@ from pipeline.data.mixing import mixup_cutmix
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.errors import FSCILError, TrainingDiverged
-from pipeline.losses.classification import cross_entropy_loss, mixed_loss
+from pipeline.losses.classification import cross_entropy_loss, mixed_loss, target_weights
 from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.precision import autocast, image_layout, memory_format
@@ -39,6 +39,7 @@ from pipeline.training.distributed import (
     all_reduce_sum,
     barrier,
     cleanup,
+    convert_device_batchnorm,
     convert_global_batchnorm,
     init_process_group,
     is_launch_main,
@@ -47,7 +48,7 @@ from pipeline.training.evaluate import predict, session_metrics
 from pipeline.training.precise_bn import recalibrate_batchnorm
 from pipeline.training.progress import CHECK_EVERY, ProgressLog, drain
 from pipeline.training.runtime import run_device
-from pipeline.training.schedule import set_lr, warmup_cosine
+from pipeline.training.schedule import BASE_SCHEDULES, set_lr
 
 RESUME_FILE = "resume.safetensors"
 AUX_PREFIX = "aux_head."  # base.backbone_ce's head in the resumable checkpoint (never in the saved base model)
@@ -148,11 +149,12 @@ def _resume(ckpt: Path, meta: dict, model: FSCILModel, aux_head: nn.Linear | Non
 
 
 def _base_batch(images: torch.Tensor, targets: torch.Tensor, num_base: int, preset, base_cfg, epoch: int,
-                gen: torch.Generator, host_gen: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
+                gen: torch.Generator, host_gen: torch.Generator | None = None,
+                groups: int = 1) -> tuple[torch.Tensor, ...]:
     """One global batch of eq. optim_base: augmented images, the two targets and lam of batch Mixup/CutMix
     (target_b == target_a and lam == 1 when nothing is mixed: Mixup/CutMix off, or one of the last unmixed_epochs).
     In the last unaugmented_epochs the batch is the test view of the images, unmixed. gen draws the augmentation,
-    host_gen (a CPU generator; None: gen) the mixing."""
+    host_gen (a CPU generator; None: gen) the mixing; groups: the device groups Mixup partners stay in."""
     from_end = base_cfg.epochs - epoch  # 1 in the last epoch
     y_a = y_b = targets
     lam = torch.ones(len(targets), device=images.device)
@@ -161,7 +163,7 @@ def _base_batch(images: torch.Tensor, targets: torch.Tensor, num_base: int, pres
     x = train_augment(images, preset, gen)
     if from_end > base_cfg.unmixed_epochs and (base_cfg.mixup_alpha > 0 or base_cfg.cutmix_alpha > 0):
         mixed = mixup_cutmix(x, y_a, num_base, base_cfg.mixup_alpha, base_cfg.cutmix_alpha, base_cfg.mix_prob, 0.5,
-                             gen if host_gen is None else host_gen)
+                             gen if host_gen is None else host_gen, groups)
         x, y_a, y_b, lam = mixed.images, mixed.target_a, mixed.target_b, mixed.lam
     return x, y_a, y_b, lam
 
@@ -194,10 +196,11 @@ def derive_base_model(cfg, twin_dir: Path, pack_path: Path, out_dir: Path) -> di
 
 
 def base_loss(head, base_cfg, logits: torch.Tensor, aux_logits: torch.Tensor | None, y_a: torch.Tensor,
-              y_b: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    """One batch's loss of eq. optim_base: the head's loss on the mixed targets (DR x base.dr_scale for the ETF head),
-    plus base.backbone_ce x cross-entropy of the auxiliary head on the same targets (ours; aux_logits None: off)."""
-    loss = mixed_loss(head.loss, logits, y_a, y_b, lam, scale=head.loss_scale(base_cfg.dr_scale))
+              y_b: torch.Tensor, lam: torch.Tensor, weights: tuple | None = None) -> torch.Tensor:
+    """One batch's loss of eq. optim_base: the head's loss on the mixed targets (DR x base.dr_scale for the ETF head,
+    weighted by base.dr_weighting: `weights`, computed on the global batch), plus base.backbone_ce x cross-entropy of
+    the auxiliary head on the same targets (ours; aux_logits None: off)."""
+    loss = mixed_loss(head.loss, logits, y_a, y_b, lam, scale=head.loss_scale(base_cfg.dr_scale), weights=weights)
     if aux_logits is not None:
         loss = loss + mixed_loss(cross_entropy_loss, aux_logits, y_a, y_b, lam, scale=base_cfg.backbone_ce)
     return loss
@@ -210,9 +213,37 @@ def not_learning(epoch_losses: list[float]) -> bool:
     return len(epoch_losses) >= 2 and not epoch_losses[-1] < epoch_losses[0]
 
 
+class BasePlan(NamedTuple):
+    """How base training walks the images: `passes` seeded passes, each over base.repeat copies of the images
+    (`rows` of them, padded to whole device groups when the last batch is kept), in `steps` batches of
+    base.batch_size, the last one smaller unless base.drop_last; `groups` device groups in a batch
+    (base.batch_size / base.device_batch, or 1)."""
+
+    passes: int
+    steps: int
+    rows: int
+    groups: int
+
+    @property
+    def total_steps(self) -> int:
+        return self.passes * self.steps
+
+
+def base_plan(base_cfg, images: int) -> BasePlan:
+    """The plan of base.epochs over `images` training images (`BasePlan`)."""
+    groups = base_cfg.batch_size // base_cfg.device_batch if base_cfg.device_batch else 1
+    rows = base_cfg.repeat * images
+    if base_cfg.drop_last:
+        steps = rows // base_cfg.batch_size
+    else:  # the authors' sampler: every row once, padded (with the first rows of the pass) to whole groups
+        rows = -(-rows // groups) * groups
+        steps = -(-rows // base_cfg.batch_size)
+    return BasePlan(base_cfg.epochs // base_cfg.repeat, steps, rows, groups)
+
+
 class BaseRun(NamedTuple):
     """What the base session's steps work with: the model (and its DDP wrapper `net`), the auxiliary CE head, the
-    optimizer, the training images and labels on the device, and this process's group and slice of each batch."""
+    optimizer, the training images and labels on the device, this process's group, the plan of the passes."""
 
     model: FSCILModel
     net: nn.Module
@@ -221,14 +252,26 @@ class BaseRun(NamedTuple):
     images: torch.Tensor
     targets: torch.Tensor
     group: object
-    local: slice
+    plan: BasePlan
     preset: object
     num_base: int
 
 
+def _check_plan(plan: BasePlan, base_cfg, world: int) -> None:
+    """Every batch must split into equal process slices of whole device groups."""
+    last = plan.rows - (plan.steps - 1) * base_cfg.batch_size
+    if plan.groups % world and plan.groups > 1:
+        raise FSCILError(f"params: base.device_batch makes {plan.groups} device groups a batch, which do not split "
+                         f"over {world} processes")
+    if last % world:
+        raise FSCILError(f"params: the last batch of each pass has {last} rows, which do not split over {world} "
+                         "processes (set base.drop_last true or change base.batch_size)")
+
+
 def base_run(cfg, pack: ImagePack, device, group) -> BaseRun:
     """The model for eq. optim_base (backbone, p_iden and g_base train; g_inc waits for session 1), wrapped in DDP
-    with global BatchNorm under torchrun, its optimizer, and the base session's images on the device."""
+    under torchrun with global BatchNorm (or BatchNorm per device group: base.device_batch), its optimizer, and the
+    base session's images on the device."""
     protocol = pack.protocol
     preset = get_preset(pack.preset, pack.image_size)
     train_ids = np.asarray(protocol.sessions[0].train_ids)
@@ -236,7 +279,9 @@ def base_run(cfg, pack: ImagePack, device, group) -> BaseRun:
     if cfg.base.batch_size > len(train_ids):
         raise FSCILError(f"params: base.batch_size {cfg.base.batch_size} exceeds the {len(train_ids)} base training "
                          "images")
-    local = group.local_slice(cfg.base.batch_size)
+    group.local_slice(cfg.base.batch_size)  # the global batch splits evenly, or a one-line error
+    plan = base_plan(cfg.base, len(train_ids))
+    _check_plan(plan, cfg.base, group.world_size)
     model = build_model(cfg.model, protocol.num_classes, preset.input_size, seed=cfg.seed).to(device)
     memory_format(model.backbone, cfg.precision)
     model.backbone.freeze_for_base_training()
@@ -244,12 +289,15 @@ def base_run(cfg, pack: ImagePack, device, group) -> BaseRun:
         model.projector.g_inc.requires_grad_(False)  # trained from session 1 on
     aux_head = backbone_ce_head(model, num_base, cfg.base.backbone_ce)
     net: nn.Module = _BaseNet(model, num_base, aux_head)
-    if group.world_size > 1:
+    if plan.groups > 1:  # each process holds whole device groups: their statistics need no communication
+        convert_device_batchnorm(model, plan.groups // group.world_size)
+    elif group.world_size > 1:
         convert_global_batchnorm(model)
+    if group.world_size > 1:
         net = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
     images = load_base_train_images(pack, train_ids, device)
     targets = torch.from_numpy(pack.labels)[train_ids].to(device)
-    return BaseRun(model, net, aux_head, _optimizer(model, aux_head, cfg), images, targets, group, local, preset,
+    return BaseRun(model, net, aux_head, _optimizer(model, aux_head, cfg), images, targets, group, plan, preset,
                    num_base)
 
 
@@ -257,10 +305,12 @@ def base_step(cfg, run: BaseRun, head, batch: tuple) -> torch.Tensor:
     """One update of eq. optim_base on a global batch (x, y_a, y_b, lam); returns the global-batch loss (the mean of
     the equal slices' means, the same on every process) as a device tensor: nothing waits for the device here."""
     x, y_a, y_b, lam = batch
+    local = run.group.local_slice(len(x))
+    weights = target_weights(cfg.base.dr_weighting, y_a, y_b, run.num_base)  # over the global batch
     with autocast(x.device, cfg.precision):  # params precision: bf16 in the fast profile
-        logits = run.net(image_layout(x[run.local], cfg.precision))
-    loss = base_loss(head, cfg.base, *(t.float() if t is not None else None for t in logits), y_a[run.local],
-                     y_b[run.local], lam[run.local])
+        logits = run.net(image_layout(x[local], cfg.precision))
+    loss = base_loss(head, cfg.base, *(t.float() if t is not None else None for t in logits), y_a[local], y_b[local],
+                     lam[local], None if weights is None else (weights[0][local], weights[1][local]))
     global_loss = all_reduce_sum(loss.detach(), run.group) / run.group.world_size
     run.opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -278,33 +328,43 @@ def read_losses(pending: list[torch.Tensor], epoch: int, done: int) -> list[floa
     return values
 
 
-def train_epoch(cfg, run: BaseRun, epoch: int, device, show_progress: bool) -> float:
-    """One epoch of eq. optim_base over a seeded permutation of the base images (drop_last); the mean of its
-    global-batch losses, read back every CHECK_EVERY steps (a non-finite one stops the run, nothing written)."""
-    batch, head = cfg.base.batch_size, HEADS[cfg.model.classifier]
-    steps_per_epoch = len(run.images) // batch
-    total_steps = cfg.base.epochs * steps_per_epoch
+def pass_order(cfg, plan: BasePlan, images: int, p: int, device) -> torch.Tensor:
+    """The row order of pass `p`: a permutation seeded by (seed, p) of base.repeat copies of the images (the
+    authors' RepeatDataset), padded with its first rows to `plan.rows` (their sampler's round-up)."""
+    order = torch.randperm(cfg.base.repeat * images, generator=seeded_generator(cfg.seed, BASE_EPOCH_ORDER + p))
+    if cfg.base.repeat > 1:
+        order = order % images
+    if plan.rows > len(order):
+        order = torch.cat([order, order[:plan.rows - len(order)]])
+    return order.to(device)
+
+
+def train_epoch(cfg, run: BaseRun, p: int, device, show_progress: bool) -> float:
+    """Pass `p` of eq. optim_base (base.repeat epochs; one epoch unless base.repeat) over `pass_order`; the mean of
+    its global-batch losses, read back every CHECK_EVERY steps (a non-finite one stops the run, nothing written)."""
+    batch, head, plan, repeat = cfg.base.batch_size, HEADS[cfg.model.classifier], run.plan, cfg.base.repeat
     run.net.train()
-    order = torch.randperm(len(run.images), generator=seeded_generator(cfg.seed, BASE_EPOCH_ORDER + epoch))
-    order = order.to(device)
-    bar = tqdm(range(steps_per_epoch), desc=f"base epoch {epoch + 1}/{cfg.base.epochs}", leave=False,
+    order = pass_order(cfg, plan, len(run.images), p, device)
+    bar = tqdm(range(plan.steps), desc=f"base epoch {(p + 1) * repeat}/{cfg.base.epochs}", leave=False,
                disable=not (show_progress and run.group.is_main))
     pending: list[torch.Tensor] = []
     losses: list[float] = []
     for i in bar:
-        step = epoch * steps_per_epoch + i
-        set_lr(run.opt, warmup_cosine(step, total_steps, cfg.base.warmup_steps, 0.0, cfg.base.min_lr_ratio))
+        step = p * plan.steps + i
+        epoch = p * repeat + i * repeat // plan.steps  # the epoch this step belongs to
+        set_lr(run.opt, BASE_SCHEDULES[cfg.base.schedule](cfg.base, step, plan.total_steps, epoch))
         idx = order[i * batch:(i + 1) * batch]
         gen = seeded_generator(cfg.seed, BASE_STEP_AUGMENT + step, device)
         # Mixup/CutMix decide on the host (whether, which, lambda, the box): from a CPU generator on a GPU, so no
         # step waits for the device; on the CPU from the augmentation's generator, as always
         host_gen = None if gen.device.type == "cpu" else seeded_generator(cfg.seed, BASE_STEP_MIX + step)
         pending.append(base_step(cfg, run, head, _base_batch(run.images[idx], run.targets[idx], run.num_base,
-                                                             run.preset, cfg.base, epoch, gen, host_gen)))
-        if len(pending) == CHECK_EVERY or i + 1 == steps_per_epoch:
+                                                             run.preset, cfg.base, epoch, gen, host_gen,
+                                                             plan.groups)))
+        if len(pending) == CHECK_EVERY or i + 1 == plan.steps:
             losses += read_losses(pending, epoch, i + 1)
             bar.set_postfix(loss=f"{sum(losses) / len(losses):.4f}")
-    return round(sum(losses) / max(steps_per_epoch, 1), 6)
+    return round(sum(losses) / max(plan.steps, 1), 6)
 
 
 def save_resume_point(run: BaseRun, ckpt: Path, meta: dict, done: int, history: list[float]) -> None:
@@ -337,7 +397,7 @@ def finish_base(cfg, run: BaseRun, pack: ImagePack, device, history: list[float]
     pred = evaluate_images(run.model, pack, test_ids, run.num_base, run.preset, device, cfg.base.eval_batch_size)
     result = {"session": 0, **session_metrics(pred, pack.labels[test_ids], run.num_base, run.num_base),
               "preset": cfg.preset, "projector": cfg.model.projector, "train_loss": history,
-              "epochs": cfg.base.epochs, "steps": cfg.base.epochs * (len(run.images) // cfg.base.batch_size),
+              "epochs": cfg.base.epochs, "steps": run.plan.total_steps,
               "world_size": run.group.world_size, "precise_bn_layers": recalibrated,
               "num_sessions": len(protocol.sessions), "seconds": round(time.time() - started, 2),
               "images_per_second": round(float(np.median(rates)), 1) if rates else None}
@@ -361,12 +421,13 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
         ckpt = Path(checkpoint_dir) / RESUME_FILE
         start_epoch, history = _resume(ckpt, meta, run.model, run.aux_head, run.opt)
         progress = ProgressLog("base", cfg.base.epochs, "epoch", start=start_epoch, enabled=group.is_main)
-        rates: list[float] = []  # training images per second of each epoch run here
-        for epoch in range(start_epoch, cfg.base.epochs):
+        rates: list[float] = []  # training images per second of each pass run here
+        repeat = cfg.base.repeat
+        for p in range(start_epoch // repeat, run.plan.passes):
             epoch_started = time.perf_counter()
-            history.append(train_epoch(cfg, run, epoch, device, show_progress))
-            done = epoch + 1
-            images = (len(run.images) // cfg.base.batch_size) * cfg.base.batch_size
+            history.append(train_epoch(cfg, run, p, device, show_progress))
+            done = (p + 1) * repeat
+            images = min(run.plan.steps * cfg.base.batch_size, run.plan.rows)
             rate = images / max(time.perf_counter() - epoch_started, 1e-9)
             rates.append(rate)
             progress.update(done, loss=f"{history[-1]:.4f}", lr=f"{run.opt.param_groups[0]['lr']:.4g}",

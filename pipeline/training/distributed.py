@@ -4,7 +4,8 @@ Under `torchrun` every process reads the same global batch order and draws the s
 randoms (all seeded by the step), then keeps its own contiguous slice `ProcessGroup.local_slice`. Slices are
 equal, so the mean of the local mean losses is the global mean loss, and DDP's gradient average is its gradient.
 BatchNorm statistics are reduced over the global batch with `GlobalBatchNorm2d`, which works on gloo (CPU) and
-NCCL alike, unlike torch's SyncBatchNorm (CUDA only).
+NCCL alike, unlike torch's SyncBatchNorm (CUDA only); or, with base.device_batch, over each group of that many
+consecutive rows (`DeviceBatchNorm2d`: the authors' per-GPU statistics), which a process's slice holds whole.
 """
 
 from __future__ import annotations
@@ -147,27 +148,76 @@ class GlobalBatchNorm2d(nn.BatchNorm2d):
         return out.to(x.dtype)
 
 
-def convert_global_batchnorm(module: nn.Module) -> nn.Module:
-    """Swap every nn.BatchNorm2d (`module` itself included) for a GlobalBatchNorm2d holding the *same* parameter
-    and buffer tensors, so requires_grad, optimizer references and the train/eval state carry over.
+class DeviceBatchNorm2d(nn.BatchNorm2d):
+    """BatchNorm2d whose batch statistics are those of each group of consecutive rows of its input (base.device_batch:
+    the authors' plain BatchNorm on each of 8 GPUs, statistics over a GPU's 64 images), in forward and backward.
 
-    Returns the converted module (a new object only when `module` itself is a BatchNorm2d). Other BatchNorm
-    kinds (1d, 3d, subclasses with extra behaviour) are refused rather than left per-process.
+    `groups` is how many device groups this process's rows hold (its slice of the global batch is whole groups, so
+    1 or 2 processes compute the same). The running statistics follow the first group of the process, as the
+    authors' rank 0 kept and saved them (no buffer broadcast); under DDP rank 0's are broadcast, so every process
+    holds those of global group 0. Unbiased variance, as torch. Eval mode and one group are plain BatchNorm2d.
     """
+
+    groups: int = 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.groups == 1:
+            return super().forward(x)
+        self._check_input_dim(x)
+        n, c, h, w = x.shape
+        if n % self.groups:
+            raise ValueError(f"a batch of {n} rows does not split into {self.groups} device groups")
+        xs = x.to(torch.promote_types(x.dtype, torch.float32)).reshape(self.groups, n // self.groups, c, h, w)
+        var, mean = torch.var_mean(xs, dim=(1, 3, 4), correction=0)  # (G, C) each
+        if self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+            count = (n // self.groups) * h * w
+            with torch.no_grad():
+                self.running_mean.mul_(1 - factor).add_(mean[0].to(self.running_mean.dtype), alpha=factor)
+                unbiased = (var[0] * count / max(count - 1, 1)).to(self.running_var.dtype)
+                self.running_var.mul_(1 - factor).add_(unbiased, alpha=factor)
+        scale = torch.rsqrt(var + self.eps)  # (G, C)
+        if self.affine:
+            scale = scale * self.weight
+        out = (xs - mean[:, None, :, None, None]) * scale[:, None, :, None, None]
+        if self.affine:
+            out = out + self.bias[None, None, :, None, None]
+        return out.reshape(n, c, h, w).to(x.dtype)
+
+
+def _convert_batchnorm(module: nn.Module, kind: type[nn.BatchNorm2d], keep: tuple[type, ...]) -> nn.Module:
+    """Swap every nn.BatchNorm2d (`module` itself included) for a `kind` holding the *same* parameter and buffer
+    tensors, so requires_grad, optimizer references and the train/eval state carry over. Returns the converted
+    module (a new object only when `module` itself is a BatchNorm2d). BatchNorm kinds other than 2d (and `keep`)
+    are refused rather than left per-process."""
     if type(module) is nn.BatchNorm2d:
-        new = GlobalBatchNorm2d(module.num_features, module.eps, module.momentum, module.affine,
-                                module.track_running_stats, device="meta")
+        new = kind(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats,
+                   device="meta")
         for name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
             setattr(new, name, tensor)  # parameters stay parameters, buffers stay buffers
         new.train(module.training)
         return new
-    global_kinds = (GlobalBatchNorm2d, nn.SyncBatchNorm)
-    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, global_kinds):
-        raise TypeError(f"convert_global_batchnorm: {type(module).__name__} has no global-batch version")
+    if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, keep):
+        raise TypeError(f"convert to {kind.__name__}: {type(module).__name__} has no such version")
     for name, child in module.named_children():
-        converted = convert_global_batchnorm(child)
+        converted = _convert_batchnorm(child, kind, keep)
         if converted is not child:
             setattr(module, name, converted)
+    return module
+
+
+def convert_global_batchnorm(module: nn.Module) -> nn.Module:
+    """Every nn.BatchNorm2d of `module` as a GlobalBatchNorm2d (`_convert_batchnorm`)."""
+    return _convert_batchnorm(module, GlobalBatchNorm2d, (GlobalBatchNorm2d, nn.SyncBatchNorm))
+
+
+def convert_device_batchnorm(module: nn.Module, groups: int) -> nn.Module:
+    """Every nn.BatchNorm2d of `module` as a DeviceBatchNorm2d over `groups` groups of this process's rows."""
+    module = _convert_batchnorm(module, DeviceBatchNorm2d, (DeviceBatchNorm2d,))
+    for m in module.modules():
+        if isinstance(m, DeviceBatchNorm2d):
+            m.groups = groups
     return module
 
 

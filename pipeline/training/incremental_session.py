@@ -26,7 +26,7 @@ from pipeline.data.mixing import FEATURE_MIXUP_RATIO, deviation_draws, feature_m
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.file_digest import file_digest
 from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
-from pipeline.losses.classification import DR_WEIGHTINGS, mixed_loss
+from pipeline.losses.classification import mixed_loss, target_weights
 from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import build_head
 from pipeline.models.projector import suppression_target
@@ -136,7 +136,7 @@ def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is
     mu, y_a, y_b, lam = feature_mixup(out.mu, y, FEATURE_MIXUP_RATIO, mix_perm)
     head = HEADS[classifier_kind]
     cls = mixed_loss(head.loss, classifier(mu, num_seen), y_a, y_b, lam, scale=head.loss_scale(inc.dr_scale),
-                     weighting=DR_WEIGHTINGS[inc.dr_weighting])
+                     weights=target_weights(inc.dr_weighting, y_a, y_b, num_seen))
     supp = sep = torch.zeros((), device=x.device)
     if inc.suppression_on:
         target = SUPPRESSION_TARGETS[suppression_target(projector.kind, inc.suppression)](out.aux, out.mu_inc)

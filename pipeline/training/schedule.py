@@ -33,9 +33,23 @@ def mmcv_cosine_cooldown(iteration: int, max_iters: int, warmup_iters: int, warm
         regular = cooldown_ratio * min_ratio
     else:
         regular = min_ratio + 0.5 * (1.0 - min_ratio) * (math.cos(math.pi * iteration / span) + 1)
+    return regular * mmcv_warmup(iteration, warmup_iters, warmup_ratio)
+
+
+def mmcv_warmup(iteration: int, warmup_iters: int, warmup_ratio: float) -> float:
+    """mmcv's linear warm-up factor (`LrUpdaterHook.get_warmup_lr`): 1 - (1 - iteration / warmup_iters) (1 -
+    warmup_ratio) before warmup_iters, then 1; it multiplies the scheduled value."""
     if iteration < warmup_iters:
-        return regular * (1.0 - (1.0 - iteration / warmup_iters) * (1.0 - warmup_ratio))
-    return regular
+        return 1.0 - (1.0 - iteration / warmup_iters) * (1.0 - warmup_ratio)
+    return 1.0
+
+
+def mmcv_step(iteration: int, epoch: int, warmup_iters: int, warmup_ratio: float, step_epochs: list[int],
+              gamma: float) -> float:
+    """Multiplier of the peak lr under mmcv's `StepLrUpdaterHook` by epoch with linear warm-up by iteration (the
+    authors' miniImageNet base schedule): gamma ** (the step epochs reached by `epoch`, 0-based) times
+    `mmcv_warmup` at mmcv's iteration count (0-based in base training)."""
+    return gamma ** sum(epoch >= s for s in step_epochs) * mmcv_warmup(iteration, warmup_iters, warmup_ratio)
 
 
 # the lr multiplier of incremental step `step` (0-based) of `steps` by incremental.schedule: ours (0-based, warm-up to
@@ -46,6 +60,19 @@ SCHEDULES = {
     "mmcv_cosine_cooldown": lambda inc, step, steps: mmcv_cosine_cooldown(
         step + 1, steps, inc.warmup_steps, inc.warmup_ratio, inc.min_lr_ratio, inc.cooldown_steps,
         inc.cooldown_ratio),
+}
+
+
+# the lr multiplier of base step `step` (0-based, mmcv's iteration count) of `total`, in epoch `epoch`, by
+# base.schedule
+BASE_SCHEDULES = {
+    "warmup_cosine": lambda base, step, total, epoch: warmup_cosine(step, total, base.warmup_steps, base.warmup_ratio,
+                                                                     base.min_lr_ratio),
+    "mmcv_cosine_cooldown": lambda base, step, total, epoch: mmcv_cosine_cooldown(
+        step, total, base.warmup_steps, base.warmup_ratio, base.min_lr_ratio, base.cooldown_steps,
+        base.cooldown_ratio),
+    "mmcv_step": lambda base, step, total, epoch: mmcv_step(step, epoch, base.warmup_steps, base.warmup_ratio,
+                                                            base.step_epochs, base.step_gamma),
 }
 
 

@@ -123,4 +123,5 @@ def load_optional_pretrained(model: nn.Module, owner: str, path: str | None, sha
     if path is not None:
         load_pretrained(model, path, sha256)
     elif sha256 is not None:
-        raise FSCILError(f"{owner}: pretrained_sha256 is set but pretrained (the weights file) is not")
+        raise FSCILError(f"{owner}: pretrained_sha256 is set but pretrained (the weights file) is not: set "
+                         "model.pretrained to that file, or model.pretrained_sha256: null to start from random weights")
