@@ -53,11 +53,15 @@ def test_pack_relabels_resizes_and_crops(tmp_path: Path) -> None:
         test_keys = [pack.source_keys[i] for i in p.test_ids]
         assert test_keys[:2] == [rel(1, 4), rel(1, 5)] and test_keys[-2:] == [rel(4, 4), rel(4, 5)]
         assert pack.labels[p.test_ids].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
-        # shorter side 14 -> 8 (20 x 14 -> 11 x 8), then the centred 8 x 8
+        # the whole image: at image_size 8 the test resize is 9, so 20 x 14 -> 12 x 9 (the longer side truncated),
+        # at the top-left of an 18 x 18 canvas, its extent (9, 12)
+        assert pack.canvas == 18 and pack.images.shape[1:] == (18, 18, 3)
         for i in (0, int(p.sessions[2].train_ids[1]), int(p.test_ids[-1])):
             img = Image.open(tmp_path / "raw" / "CUB_200_2011" / "images" / pack.source_keys[i]).convert("RGB")
-            expected = np.asarray(img.resize((11, 8), Image.Resampling.BILINEAR).crop((1, 0, 9, 8)))
+            expected = np.zeros((18, 18, 3), dtype=np.uint8)
+            expected[:9, :12] = np.asarray(img.resize((12, 9), Image.Resampling.BILINEAR))
             np.testing.assert_array_equal(pack.images[i], expected)
+            assert pack.extents[i].tolist() == [9, 12]
         assert set(pack.provenance["files"]) == {"images.txt", "train_test_split.txt", "image_class_labels.txt",
                                                  "classes.txt"}
 
@@ -130,3 +134,46 @@ def test_real_cec_lists_give_100_plus_10x10x5(tmp_path: Path) -> None:
     assert (p.num_classes, p.num_base_classes, p.ways, p.shots) == (200, 100, 10, 5)
     assert content.class_names == folders and content.class_names[100].startswith("101.")
     assert len(p.test_ids_seen(0, content.labels)) == 100 and len(digests) == 11
+
+
+def test_the_stored_test_view_is_resize_256_and_centre_crop_224_of_the_original(tmp_path: Path) -> None:
+    """What the authors' CUB pipeline shows the network at test time (Resize(256) + CenterCrop(224) of the original
+    file), against our pack's whole-image view and `test_transform`; a train crop comes from the whole image."""
+    import torch
+    import torchvision.transforms as T
+
+    from pipeline.data.augment import pack_batch, test_transform, train_augment
+    from pipeline.data.presets import get_preset
+
+    sizes = {(c, k): ((300, 220), (200, 330), (260, 260), (700, 240))[(c + k) % 4] for c in CLASSES for k in range(6)}
+    entries = [(rel(c, k), c, k < 4) for c in CLASSES for k in range(6)]
+    gen = np.random.default_rng(0)
+    images = {}
+    for r, c, _ in entries:
+        k = int(r.split("_")[-2])
+        w, h = sizes[(c, k)]
+        buf = io.BytesIO()
+        smooth = np.asarray(Image.fromarray(gen.integers(0, 256, (h // 10, w // 10, 3), dtype=np.uint8)).resize((w, h)))
+        Image.fromarray(smooth).save(buf, format="PNG")
+        images[r] = buf.getvalue()
+    write_cub(tmp_path / "raw", entries, CLASSES, images)
+    write_split_files(tmp_path / "split", [[line(c, k) for c in (1, 2, 3) for k in range(4)],
+                                           [line(5, 1), line(5, 3)], [line(4, 0), line(4, 2)]])
+    params = {"dataset": "cub200", "root": str(tmp_path / "raw"), "split_dir": str(tmp_path / "split"),
+              "base_classes": 3, "ways": 1, "shots": 2, "sessions": 2, "image_size": 224}
+    run(params, tmp_path / "pack.h5")
+    preset = get_preset("cub200")
+    reference = T.Compose([T.Resize(256), T.CenterCrop(224), T.ToTensor(), T.Normalize(preset.mean, preset.std)])
+    with ImagePack.open(tmp_path / "pack.h5") as pack:
+        ids = np.arange(len(pack))
+        x, extents = pack_batch(pack, ids, torch.device("cpu"))
+        ours = test_transform(x, preset, extents)
+        for i in ids:
+            original = Image.open(tmp_path / "raw" / "CUB_200_2011" / "images" / pack.source_keys[i]).convert("RGB")
+            want = reference(original)
+            # one uint8 step after normalisation at most (the same PIL resize; ToTensor and ours divide alike)
+            assert (ours[i] - want).abs().max().item() < 1e-5, pack.source_keys[i]
+        # 700 x 240 keeps 512 of its 746 columns (the canvas), the centre: its test view is unchanged
+        assert sorted({tuple(e) for e in pack.extents.tolist()}) == [(256, 256), (256, 349), (256, 512), (422, 256)]
+        crops = train_augment(x, preset, torch.Generator().manual_seed(0), extents)
+        assert crops.shape == (len(ids), 3, 224, 224) and torch.isfinite(crops).all()

@@ -46,6 +46,9 @@ def test_a_cub_shaped_pack_has_200_classes_at_224_px_under_cub_preset(tmp_path):
         assert len(protocol.sessions[0].train_ids) == 200 and len(protocol.test_ids) == 200
         images = pack.read_images(np.arange(8))
         assert get_preset(pack.preset, pack.image_size).input_size == 224
-    assert images.shape == (8, 224, 224, 3)
+        # CUB's view: whole images, shorter side 256, on a 512 canvas (a square synthetic image fills 256 x 256)
+        assert pack.canvas == 512 and pack.read_extents(np.arange(8)).tolist() == [[256, 256]] * 8
+    assert images.shape == (8, 512, 512, 3) and not images[:, 256:].any() and not images[:, :, 256:].any()
+    images = images[:, :256, :256]
     steps = np.abs(np.diff(images.astype(np.int16), axis=2)).mean()
     assert steps < 6  # a 7x bilinear upscale: neighbouring pixels nearly equal (a native 224 px draw has noise)

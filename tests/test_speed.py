@@ -36,7 +36,8 @@ def test_a_paper_preset_runs_at_its_shape_without_its_dataset(tmp_path):
     model = [f"model.{k}={v}" for k, v in TINY_MODEL.items() if k not in ("backbone_widths", "dim")]
     sets = ["+data.source=synthetic", "data.train_per_class=9", "data.test_per_class=2",
             "data.novel_pool_per_class=5", "model.backbone_widths=[8,8,16,16]", "model.dim=128", *model,
-            "base.epochs=1", "base.batch_size=256", "incremental.steps=[1]", "threads=2", "device=cpu"]
+            "base.epochs=1", "base.repeat=1", "base.checkpoint_every=1", "base.batch_size=256", "incremental.steps=[1]",
+            "threads=2", "device=cpu"]
     params = tmp_path / "params.yaml"
     params.write_text("preset: cifar100\nvariant: mamba_fscil\n")
     args = ["speed", "--params", str(params), "--out", str(tmp_path / "speed"), "--keep"]

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.pack import PackContent
-from pipeline.data.protocol import FSCILProtocol, Session
+from pipeline.data.presets import ImagePreset, get_preset
+from pipeline.data.protocol import FSCILProtocol
 from pipeline.data.source import SourceDataset
 from pipeline.errors import FSCILError
 
@@ -31,6 +32,19 @@ def _stream(source: SourceDataset, order: np.ndarray, size: int) -> Iterator[np.
         for start in range(0, len(order), CHUNK):
             ids = order[start : start + CHUNK].tolist()
             yield np.stack(list(pool.map(source.load, ids, [size] * len(ids))))
+
+
+def _stream_whole(source: SourceDataset, order: np.ndarray, preset: ImagePreset,
+                  extents: list[tuple[int, int]]) -> Iterator[np.ndarray]:
+    """The shorter_side view: each image whole on the preset's canvas; its extent (h, w) appended to `extents`."""
+    workers = 1 if source.arrays is not None else min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for start in range(0, len(order), CHUNK):
+            ids = order[start : start + CHUNK].tolist()
+            images, sizes = zip(*pool.map(lambda i: source.load_whole(i, preset.test_resize, preset.canvas), ids),
+                                strict=True)
+            extents.extend(sizes)
+            yield np.stack(images)
 
 
 def assemble(source: SourceDataset, train_sessions: list[np.ndarray], image_size: int, preset: str,
@@ -69,6 +83,9 @@ def assemble(source: SourceDataset, train_sessions: list[np.ndarray], image_size
         protocol.validate(labels, ways=ways, shots=shots, class_names=class_names)
     except FSCILError as err:
         raise FSCILError(f"{where}: {err}") from None
+    view = get_preset(preset, image_size)
+    extents: list[tuple[int, int]] | None = [] if view.view == "shorter_side" else None
+    images = _stream(source, order, image_size) if extents is None else _stream_whole(source, order, view, extents)
     return PackContent(
         dataset=source.name,
         preset=preset,
@@ -76,7 +93,8 @@ def assemble(source: SourceDataset, train_sessions: list[np.ndarray], image_size
         labels=labels,
         class_names=class_names,
         protocol=protocol,
-        images=_stream(source, order, image_size),
+        images=images,
         provenance={**source.provenance, **provenance},
         source_keys=[source.keys[i] for i in order],
+        extents=extents,
     )

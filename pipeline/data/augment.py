@@ -14,11 +14,17 @@ The crop is resampled with grid_sample, without antialiasing.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from pipeline.data.presets import ImagePreset
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from pipeline.data.pack import ImagePack
 
 _GRAY = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as torchvision's rgb_to_grayscale
 _TRIES = 10
@@ -70,6 +76,33 @@ def crop_boxes(n: int, height: int, width: int, scale: tuple[float, float], rati
     return torch.where(ok.any(dim=1, keepdim=True), boxes, fallback).long()
 
 
+def crop_boxes_within(extents: torch.Tensor, scale: tuple[float, float], ratio: tuple[float, float],
+                      generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """`crop_boxes` drawn in each image's own extent (h, w) at the top-left of its canvas: (n, 4) (top, left, h, w).
+    The same draws and rule as `crop_boxes`, per image (the shorter_side view, whole images of several aspects)."""
+    n = len(extents)
+    height, width = extents[:, 0].to(device, torch.float32), extents[:, 1].to(device, torch.float32)
+    u = _rand(n, generator, device, _TRIES, 4)  # area, log-ratio, top, left
+    target = (height * width)[:, None] * (scale[0] + (scale[1] - scale[0]) * u[..., 0])
+    log_r = math.log(ratio[0]) + (math.log(ratio[1]) - math.log(ratio[0])) * u[..., 1]
+    aspect = torch.exp(log_r)
+    w = torch.round(torch.sqrt(target * aspect))
+    h = torch.round(torch.sqrt(target / aspect))
+    ok = (w > 0) & (w <= width[:, None]) & (h > 0) & (h <= height[:, None])
+    first = torch.argmax(ok.int(), dim=1)
+    pick = torch.arange(n, device=device)
+    w, h, u = w[pick, first], h[pick, first], u[pick, first]
+    top = torch.minimum(torch.floor(u[:, 2] * (height - h + 1)), height - h)
+    left = torch.minimum(torch.floor(u[:, 3] * (width - w + 1)), width - w)
+    # fallback: the whole extent clamped to the ratio range, centred
+    in_ratio = width / height
+    fw = torch.where(in_ratio > ratio[1], torch.round(height * ratio[1]), width)
+    fh = torch.where(in_ratio < ratio[0], torch.round(width / ratio[0]), height)
+    fallback = torch.stack([torch.div(height - fh, 2, rounding_mode="floor"),
+                            torch.div(width - fw, 2, rounding_mode="floor"), fh, fw], dim=1)
+    return torch.where(ok.any(dim=1, keepdim=True), torch.stack([top, left, h, w], dim=1), fallback).long()
+
+
 def resized_crop(x: torch.Tensor, boxes: torch.Tensor, size: int, flip: torch.Tensor | None = None,
                  mode: str = "bilinear") -> torch.Tensor:
     """Crop boxes (top, left, h, w) of float (N, 3, H, W) images, resampled to size x size, optionally flipped."""
@@ -113,19 +146,32 @@ def color_jitter(x: torch.Tensor, brightness: float, contrast: float, saturation
     return x
 
 
-def train_augment(x: torch.Tensor, preset: ImagePreset, generator: torch.Generator) -> torch.Tensor:
-    """uint8 (N, H, W, 3) -> normalised float32 (N, 3, input_size, input_size): crop, flip, colour jitter."""
+def train_augment(x: torch.Tensor, preset: ImagePreset, generator: torch.Generator,
+                  extents: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 (N, H, W, 3) -> normalised float32 (N, 3, input_size, input_size): crop, flip, colour jitter.
+    extents: (N, 2) each image's (h, w) at the top-left of its canvas (the shorter_side view; None: the whole x)."""
     img = _to_float(x)
     n, _, height, width = img.shape
-    boxes = crop_boxes(n, height, width, preset.crop_scale, preset.crop_ratio, generator, img.device)
+    if extents is None:
+        boxes = crop_boxes(n, height, width, preset.crop_scale, preset.crop_ratio, generator, img.device)
+    else:
+        boxes = crop_boxes_within(extents, preset.crop_scale, preset.crop_ratio, generator, img.device)
     flip = _rand(n, generator, img.device) < preset.flip_prob
     img = resized_crop(img, boxes, preset.input_size, flip, preset.interpolation).clamp_(0, 1)
     img = color_jitter(img, preset.brightness, preset.contrast, preset.saturation, generator)
     return normalize(img, preset)
 
 
-def test_transform(x: torch.Tensor, preset: ImagePreset) -> torch.Tensor:
-    """uint8 (N, H, W, 3) -> normalised float32 (N, 3, input_size, input_size): resize to test_resize, centre crop."""
+def test_transform(x: torch.Tensor, preset: ImagePreset, extents: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 (N, H, W, 3) -> normalised float32 (N, 3, input_size, input_size): resize to test_resize, centre crop.
+    With extents (the shorter_side view: images already at test_resize on their canvas) the centre crop of each
+    image's extent, torchvision's CenterCrop rounding."""
+    if extents is not None:
+        s = preset.input_size
+        tops = [int(round((int(h) - s) / 2)) for h, _ in extents.tolist()]
+        lefts = [int(round((int(w) - s) / 2)) for _, w in extents.tolist()]
+        crops = torch.stack([x[i, t:t + s, left:left + s] for i, (t, left) in enumerate(zip(tops, lefts, strict=True))])
+        return normalize(_to_float(crops), preset)
     img = _to_float(x)
     height, width = img.shape[-2:]
     if min(height, width) != preset.test_resize:
@@ -139,3 +185,11 @@ def test_transform(x: torch.Tensor, preset: ImagePreset) -> torch.Tensor:
 
 
 test_transform.__test__ = False  # not a pytest test, despite the name
+
+
+def pack_batch(pack: ImagePack, ids: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Images `ids` of a pack as uint8 (N, H, W, 3) on `device` and their extents on their canvas (the shorter_side
+    view) or None: what `train_augment` and `test_transform` take."""
+    extents = pack.read_extents(ids)
+    return (torch.from_numpy(pack.read_images(ids)).to(device),
+            None if extents is None else torch.from_numpy(extents).to(device))

@@ -5,7 +5,6 @@ An expected digest is hex md5 (32 characters) or sha256 (64 characters); its len
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 

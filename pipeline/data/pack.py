@@ -1,12 +1,14 @@
 """The HDF5 image pack: the one file every later stage reads images, labels and the protocol from.
 
 Layout (format_version 1):
-    images        uint8 (N, S, S, 3), chunked along N
+    images        uint8 (N, S, S, 3), chunked along N (S: the preset's canvas, image_size unless its view is
+                  shorter_side)
+    extents       int32 (N, 2), the shorter_side view only: each image's (h, w) at the top-left of its canvas
     labels        int64 (N,), session-ordered class ids (see protocol.py)
     class_names   utf-8 strings (C,), in class-id order
     source_keys   utf-8 strings (N,), where each sample came from (file name, train index, ...)
     protocol/     session_classes_{t}, session_train_ids_{t} (t = 0..S), test_ids, all int64
-    attrs         format_version, dataset, preset, image_size, num_sessions (= S + 1, base included),
+    attrs         format_version, dataset, preset, image_size, canvas, num_sessions (= S + 1, base included),
                   num_classes, provenance (JSON), content_hash (written last: its absence marks an incomplete file)
 
 content_hash is sha256 over the image bytes, labels, protocol arrays and class names, computed while the
@@ -29,6 +31,7 @@ import h5py
 import numpy as np
 
 from pipeline.atomic import atomic_output
+from pipeline.data.presets import get_preset
 from pipeline.data.protocol import FSCILProtocol, Session
 from pipeline.data.source import one_line
 from pipeline.errors import FSCILError
@@ -51,6 +54,13 @@ class PackContent:
     images: Iterable[np.ndarray]
     provenance: dict[str, Any] = field(default_factory=dict)
     source_keys: list[str] | None = None
+    extents: Any = None
+    """The shorter_side view: each image's (h, w) on its canvas, (N, 2) or a list filled while `images` streams."""
+
+    @property
+    def canvas(self) -> int:
+        """The stored side of an image: the preset's canvas."""
+        return get_preset(self.preset, self.image_size).canvas
 
 
 def chunk_rows(image_size: int) -> int:
@@ -82,7 +92,7 @@ def write_pack(path: Path, content: PackContent) -> str:
     No modification times are stored, so the same content gives a byte-identical file (DVC's cache relies on it).
     """
     labels = np.asarray(content.labels, dtype=np.int64)
-    n, size = len(labels), int(content.image_size)
+    n, size = len(labels), content.canvas
     h = _new_hash(n, size)
     with atomic_output(path) as tmp, h5py.File(tmp, "w") as f:
         images = f.create_dataset("images", shape=(n, size, size, 3), dtype=np.uint8,
@@ -97,6 +107,12 @@ def write_pack(path: Path, content: PackContent) -> str:
             written += len(chunk)
         if written != n:
             raise RuntimeError(f"{written} images streamed for {n} labels")
+        if content.extents is not None:
+            extents = np.asarray(content.extents, dtype=np.int32).reshape(-1, 2)
+            if len(extents) != n or extents.min(initial=1) < 1 or extents.max(initial=size) > size:
+                raise RuntimeError(f"{len(extents)} image extents do not fit {n} images on a {size} px canvas")
+            f.create_dataset("extents", data=extents, track_times=False)
+            h.update(extents.tobytes())
         f.create_dataset("labels", data=labels, track_times=False)
         f.create_dataset("class_names", data=np.array(content.class_names, dtype=object), dtype=_STR,
                          track_times=False)
@@ -113,7 +129,8 @@ def write_pack(path: Path, content: PackContent) -> str:
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["dataset"] = content.dataset
         f.attrs["preset"] = content.preset
-        f.attrs["image_size"] = size
+        f.attrs["image_size"] = int(content.image_size)
+        f.attrs["canvas"] = size
         f.attrs["num_sessions"] = content.protocol.num_sessions
         f.attrs["num_classes"] = len(content.class_names)
         f.attrs["provenance"] = json.dumps(content.provenance, sort_keys=True, default=str)
@@ -154,6 +171,8 @@ class ImagePack:
         self.class_names: list[str] = [str(s) for s in f["class_names"].asstr()[:]]
         self.content_hash: str = str(f.attrs["content_hash"])
         self.image_size: int = int(f.attrs["image_size"])
+        self.canvas: int = int(f.attrs.get("canvas", self.image_size))
+        self.extents: np.ndarray | None = f["extents"][:].astype(np.int64) if "extents" in f else None
         self.dataset: str = str(f.attrs["dataset"])
         self.preset: str = str(f.attrs["preset"])
         self.provenance: dict[str, Any] = json.loads(str(f.attrs["provenance"]))
@@ -166,8 +185,10 @@ class ImagePack:
                 raise FSCILError(f"incomplete {where}: no protocol/{keys[0]}")
             sessions.append(Session(t, group[keys[0]][:], group[keys[1]][:]))
         self.protocol = FSCILProtocol(sessions, group["test_ids"][:])
-        if self.images.shape != (len(self.labels), self.image_size, self.image_size, 3):
+        if self.images.shape != (len(self.labels), self.canvas, self.canvas, 3):
             raise FSCILError(f"corrupt {where}: images {self.images.shape} do not match {len(self.labels)} labels")
+        if self.extents is not None and self.extents.shape != (len(self.labels), 2):
+            raise FSCILError(f"corrupt {where}: extents {self.extents.shape} do not match {len(self.labels)} labels")
 
     @classmethod
     def open(cls, path: str | Path) -> ImagePack:
@@ -204,13 +225,19 @@ class ImagePack:
             out[a:b] = self.images[uniq[a] : uniq[b - 1] + 1]
         return out[inverse.reshape(-1)]
 
+    def read_extents(self, ids: np.ndarray) -> np.ndarray | None:
+        """(len(ids), 2) extents (h, w) of images `ids` on their canvas (the shorter_side view), else None."""
+        return None if self.extents is None else self.extents[np.asarray(ids, dtype=np.int64).reshape(-1)]
+
     def verify(self) -> None:
         """Recompute the content hash from the stored data; FSCILError if it differs."""
-        n, size = len(self.labels), self.image_size
+        n, size = len(self.labels), self.canvas
         h = _new_hash(n, size)
         step = chunk_rows(size) * 4
         for start in range(0, n, step):
             h.update(np.ascontiguousarray(self.images[start : start + step]).tobytes())
+        if self.extents is not None:
+            h.update(self.extents.astype(np.int32).tobytes())
         _hash_metadata(h, self.labels, self.class_names, self.protocol)
         if h.hexdigest() != self.content_hash:
             raise FSCILError(f"corrupt image pack {self.path}: content does not match content_hash")

@@ -3,10 +3,11 @@
 Values follow the authors' (NC-FSCIL / mmcls) pipelines for the benchmarks:
 - cifar100: RandomResizedCrop(32, scale 0.6-1, bicubic), flip, ColorJitter 0.4; test Resize(36) + CenterCrop(32).
 - mini_imagenet: RandomResizedCrop(84), flip, ColorJitter 0.4; test Resize(96) + CenterCrop(84); ImageNet stats.
-- cub200: RandomResizedCrop(224), flip, ColorJitter 0.3; test Resize(256) + CenterCrop(224); ImageNet stats.
-  The pack stores CUB at `image_size` (224): shorter side resized to 224, centre square. Training crops come
-  from that square; the test view (upsample to 256, centre 224) shows the same central 87.5% as the standard
-  Resize(256) + CenterCrop(224) on the original image.
+- cub200: RandomResizedCrop(224) of the whole image, flip, ColorJitter 0.3; test Resize(256) + CenterCrop(224)
+  of the original; ImageNet stats. The pack keeps each CUB image whole (view "shorter_side"): its shorter side
+  resized to test_resize (256), the aspect kept, at the top-left of a canvas of side 2 x test_resize (a longer side
+  beyond that is centre-cropped to it) with its extent (h, w); training crops are drawn from the extent and the
+  test view is its centre crop.
 A preset is defined at its default stored size; asking for another stored size scales the input and
 test-resize sizes by the same ratio (CUB stored at 448 -> input 448, test resize 512).
 """
@@ -45,6 +46,14 @@ class ImagePreset:
     saturation: float = 0.4
     interpolation: str = "bilinear"
     """bilinear or bicubic, for train crops and the test resize."""
+    view: str = "square"
+    """How the pack stores an image: square (shorter side to image_size, the centre square) or shorter_side (the
+    whole image, shorter side at test_resize, aspect kept, on a `canvas` x `canvas` canvas with its extent)."""
+
+    @property
+    def canvas(self) -> int:
+        """The stored side of a pack image: image_size, or for the shorter_side view 2 x test_resize."""
+        return 2 * self.test_resize if self.view == "shorter_side" else self.image_size
 
     def at_size(self, image_size: int) -> ImagePreset:
         """This preset for packs stored at `image_size`: input and test-resize sizes scaled by the same ratio."""
@@ -64,7 +73,7 @@ PRESETS: dict[str, ImagePreset] = {
                             interpolation="bicubic"),
     "mini_imagenet": ImagePreset("mini_imagenet", 84, 84, 96, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0)),
     "cub200": ImagePreset("cub200", 224, 224, 256, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0),
-                          brightness=0.3, contrast=0.3, saturation=0.3),
+                          brightness=0.3, contrast=0.3, saturation=0.3, view="shorter_side"),
     "class_folder": ImagePreset("class_folder", 84, 84, 96, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0)),
     # omniglot: binary strokes on white, grayscale replicated; statistics measured on background_small1 at 32 px.
     # No flip (a mirrored character can be another one) and no colour jitter; mild crops keep the strokes.

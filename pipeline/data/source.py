@@ -43,6 +43,23 @@ def decode_rgb(path: Path, data: bytes | None = None) -> Image.Image:
         raise FSCILError(f"unreadable image {path}: {one_line(err)}") from None
 
 
+def fit_shorter_side(img: Image.Image, shorter: int, canvas: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """The whole image with its shorter side resized to `shorter` (aspect kept; a longer side beyond `canvas` is
+    centre-cropped to it) at the top-left of a zero canvas x canvas image -> ((canvas, canvas, 3) uint8, (h, w))."""
+    w, h = img.size
+    # the longer side truncated, as torchvision's Resize(int) and mmcls's Resize((s, -1)) compute it
+    nw, nh = (shorter, int(shorter * h / w)) if w <= h else (int(shorter * w / h), shorter)
+    if (nw, nh) != (w, h):
+        img = img.resize((nw, nh), RESAMPLE)
+    cw, ch = min(nw, canvas), min(nh, canvas)
+    if (cw, ch) != (nw, nh):
+        left, top = (nw - cw) // 2, (nh - ch) // 2
+        img = img.crop((left, top, left + cw, top + ch))
+    out = np.zeros((canvas, canvas, 3), dtype=np.uint8)
+    out[:ch, :cw] = np.asarray(img, dtype=np.uint8).reshape(ch, cw, 3)
+    return out, (ch, cw)
+
+
 def fit_square(img: Image.Image, size: int) -> np.ndarray:
     """Resize the shorter side to `size` (aspect kept) and centre-crop a size x size square -> (size, size, 3) uint8.
 
@@ -135,16 +152,23 @@ class SourceDataset:
             return Path(self.paths[i]).as_posix() in self._members
         return self.arrays is not None or self.paths[i].is_file()
 
+    def image(self, i: int) -> Image.Image:
+        """Sample i, decoded, as an RGB PIL image."""
+        if self.arrays is not None:
+            return Image.fromarray(np.ascontiguousarray(self.arrays[i], dtype=np.uint8))
+        if self.archive is not None:
+            return decode_rgb(Path(self.describe(i)), self._read_member(i))
+        return decode_rgb(self.paths[i])
+
     def load(self, i: int, size: int) -> np.ndarray:
         """Sample i as (size, size, 3) uint8, shorter side resized to `size` and centre-cropped."""
-        if self.arrays is not None:
-            arr = self.arrays[i]
-            if arr.shape[:2] == (size, size):
-                return np.ascontiguousarray(arr, dtype=np.uint8)
-            return fit_square(Image.fromarray(arr), size)
-        if self.archive is not None:
-            return fit_square(decode_rgb(Path(self.describe(i)), self._read_member(i)), size)
-        return fit_square(decode_rgb(self.paths[i]), size)
+        if self.arrays is not None and self.arrays[i].shape[:2] == (size, size):
+            return np.ascontiguousarray(self.arrays[i], dtype=np.uint8)
+        return fit_square(self.image(i), size)
+
+    def load_whole(self, i: int, shorter: int, canvas: int) -> tuple[np.ndarray, tuple[int, int]]:
+        """Sample i whole on a canvas (`fit_shorter_side`): the shorter_side view."""
+        return fit_shorter_side(self.image(i), shorter, canvas)
 
 
 def read_text_lines(path: Path, what: str) -> list[str]:

@@ -27,7 +27,9 @@ import numpy as np
 from PIL import Image
 
 from pipeline.data.pack import PackContent
+from pipeline.data.presets import get_preset
 from pipeline.data.protocol import FSCILProtocol, Session
+from pipeline.data.source import fit_shorter_side
 from pipeline.errors import FSCILError
 
 SHAPES = ("disc", "square", "triangle", "ring", "cross", "semicircle")
@@ -260,6 +262,12 @@ def synthetic_pack_content(spec: SyntheticSpec, preset: str = "synthetic") -> Pa
     protocol.validate(labels, ways=spec.ways, shots=spec.shots)
     names = class_names(attributes)
     split = np.where(is_test, "test", "train")
+    images = _stream(attributes, labels, spec.image_size, spec.seed, spec.render_size)
+    view = get_preset(preset, spec.image_size)
+    extents = None
+    if view.view == "shorter_side":  # a benchmark that keeps whole images (CUB): each square image whole on its canvas
+        extents = []
+        images = _on_canvas(images, view, extents)
     return PackContent(
         dataset="synthetic",
         preset=preset,
@@ -267,8 +275,17 @@ def synthetic_pack_content(spec: SyntheticSpec, preset: str = "synthetic") -> Pa
         labels=labels,
         class_names=names,
         protocol=protocol,
-        images=_stream(attributes, labels, spec.image_size, spec.seed, spec.render_size),
+        images=images,
         provenance={"generator": "synthetic", "params": {k: getattr(spec, k) for k in spec.__dataclass_fields__}},
         source_keys=[f"{split[i]}/{names[labels[i]]}/{i}" for i in range(len(labels))],
+        extents=extents,
     )
+
+
+def _on_canvas(chunks: Iterator[np.ndarray], view, extents: list) -> Iterator[np.ndarray]:
+    """Square image chunks as the shorter_side view stores them (`fit_shorter_side`), extents appended."""
+    for chunk in chunks:
+        placed = [fit_shorter_side(Image.fromarray(img), view.test_resize, view.canvas) for img in chunk]
+        extents.extend(size for _, size in placed)
+        yield np.stack([img for img, _ in placed])
 

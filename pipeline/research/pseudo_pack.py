@@ -42,7 +42,7 @@ def pseudo_shape(protocol: FSCILProtocol, base_fraction: float | None, ways: int
 
 
 def _read_in_chunks(pack: ImagePack, ids: np.ndarray) -> Iterator[np.ndarray]:
-    step = chunk_rows(pack.image_size) * 4
+    step = chunk_rows(pack.canvas) * 4
     for start in range(0, len(ids), step):
         yield pack.read_images(ids[start:start + step])
 
@@ -89,7 +89,7 @@ def pseudo_pack(pack_path: Path, out_path: Path, base_fraction: float | None = N
             dataset=parent.dataset, preset=parent.preset, image_size=parent.image_size, labels=pseudo_labels,
             class_names=class_names, protocol=protocol, images=_read_in_chunks(parent, order),
             provenance={"parent_pack": parent.content_hash, "selection": selection},
-            source_keys=[f"parent/{i}" for i in order],
+            source_keys=[f"parent/{i}" for i in order], extents=parent.read_extents(order),
         ))
     return {**selection, "num_images": len(order), "num_test": len(val), "content_hash": digest}
 

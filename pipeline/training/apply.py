@@ -17,7 +17,7 @@ from pipeline.data.augment import test_transform
 from pipeline.data.class_folder import IMAGE_SUFFIXES
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
-from pipeline.data.source import decode_rgb, fit_square
+from pipeline.data.source import decode_rgb, fit_shorter_side, fit_square
 from pipeline.errors import FSCILError
 from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.training.base_model import config_digest, load_base_model
@@ -116,14 +116,16 @@ def image_files(inputs: list[Path]) -> list[Path]:
 
 
 @torch.no_grad()
-def predict_arrays(trained: TrainedModel, images: np.ndarray, device: torch.device, batch_size: int = 256
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """images (N, S, S, 3) uint8 at the model's image size -> (class ids, softmax scores of them)."""
+def predict_arrays(trained: TrainedModel, images: np.ndarray, device: torch.device, batch_size: int = 256,
+                   extents: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """images (N, S, S, 3) uint8 as the model's pack stores them (extents: the shorter_side view's, else None) ->
+    (class ids, softmax scores of them)."""
     preset = get_preset(trained.preset, trained.image_size)
     model = trained.model.to(device)
     ids, scores = [], []
     for start in range(0, len(images), batch_size):
-        x = test_transform(torch.from_numpy(images[start:start + batch_size]).to(device), preset)
+        part = None if extents is None else torch.from_numpy(extents[start:start + batch_size]).to(device)
+        x = test_transform(torch.from_numpy(images[start:start + batch_size]).to(device), preset, part)
         probs = model(x, trained.num_seen, mode=trained.mode).float().softmax(dim=1)
         score, idx = probs.max(dim=1)
         ids.append(idx.cpu())
@@ -134,8 +136,13 @@ def predict_arrays(trained: TrainedModel, images: np.ndarray, device: torch.devi
 def predict_files(trained: TrainedModel, files: list[Path], device: torch.device) -> list[dict]:
     """One row per file: path, class id, class name, score (the softmax probability of that class over the seen
     classes)."""
-    images = np.stack([fit_square(decode_rgb(f), trained.image_size) for f in files])
-    ids, scores = predict_arrays(trained, images, device)
+    preset = get_preset(trained.preset, trained.image_size)
+    if preset.view == "shorter_side":  # as the pack stores them: whole, on a canvas, with their extents
+        placed = [fit_shorter_side(decode_rgb(f), preset.test_resize, preset.canvas) for f in files]
+        images, extents = np.stack([p[0] for p in placed]), np.array([p[1] for p in placed])
+    else:
+        images, extents = np.stack([fit_square(decode_rgb(f), trained.image_size) for f in files]), None
+    ids, scores = predict_arrays(trained, images, device, extents=extents)
     return [{"path": str(f), "class_id": int(i), "class": trained.class_names[int(i)], "score": round(float(s), 6)}
             for f, i, s in zip(files, ids, scores, strict=True)]
 

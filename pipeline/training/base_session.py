@@ -23,7 +23,7 @@ from torch import nn
 from tqdm import tqdm
 
 from pipeline.atomic import atomic_output
-from pipeline.data.augment import test_transform, train_augment
+from pipeline.data.augment import pack_batch, test_transform, train_augment
 from pipeline.data.mixing import mixup_cutmix
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
@@ -117,17 +117,19 @@ def _load_optimizer(opt: torch.optim.SGD, params: dict[str, nn.Parameter], tenso
             opt.state[p]["momentum_buffer"] = value.to(p.device).clone()
 
 
-def load_base_train_images(pack: ImagePack, ids: np.ndarray, device: torch.device) -> torch.Tensor:
-    """All base training images as one uint8 tensor (N, H, W, 3) on `device` (a few hundred MB at most)."""
-    return torch.from_numpy(pack.read_images(ids)).to(device)
+def load_base_train_images(pack: ImagePack, ids: np.ndarray, device: torch.device
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """All base training images as one uint8 tensor (N, H, W, 3) on `device` (a few hundred MB; CUB's whole images
+    on their canvases 2.4 GB), and their extents (N, 2) (the shorter_side view) or None."""
+    return pack_batch(pack, ids, device)
 
 
 @torch.no_grad()
 def evaluate_images(model: FSCILModel, pack: ImagePack, ids: np.ndarray, num_seen: int, preset, device: torch.device,
                     batch_size: int, mode: str = "base") -> np.ndarray:
     model.eval()
-    batches = (test_transform(torch.from_numpy(pack.read_images(ids[i:i + batch_size])).to(device), preset)
-               for i in range(0, len(ids), batch_size))
+    parts = (pack_batch(pack, ids[i:i + batch_size], device) for i in range(0, len(ids), batch_size))
+    batches = (test_transform(x, preset, extents) for x, extents in parts)
     return predict(lambda x: model(x, num_seen, mode=mode), batches)
 
 
@@ -149,18 +151,19 @@ def _resume(ckpt: Path, meta: dict, model: FSCILModel, aux_head: nn.Linear | Non
 
 
 def _base_batch(images: torch.Tensor, targets: torch.Tensor, num_base: int, preset, base_cfg, epoch: int,
-                gen: torch.Generator, host_gen: torch.Generator | None = None,
-                groups: int = 1) -> tuple[torch.Tensor, ...]:
+                gen: torch.Generator, host_gen: torch.Generator | None = None, groups: int = 1,
+                extents: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """One global batch of eq. optim_base: augmented images, the two targets and lam of batch Mixup/CutMix
     (target_b == target_a and lam == 1 when nothing is mixed: Mixup/CutMix off, or one of the last unmixed_epochs).
     In the last unaugmented_epochs the batch is the test view of the images, unmixed. gen draws the augmentation,
-    host_gen (a CPU generator; None: gen) the mixing; groups: the device groups Mixup partners stay in."""
+    host_gen (a CPU generator; None: gen) the mixing; groups: the device groups Mixup partners stay in; extents: the
+    images' extents on their canvas (the shorter_side view) or None."""
     from_end = base_cfg.epochs - epoch  # 1 in the last epoch
     y_a = y_b = targets
     lam = torch.ones(len(targets), device=images.device)
     if from_end <= base_cfg.unaugmented_epochs:
-        return test_transform(images, preset), y_a, y_b, lam
-    x = train_augment(images, preset, gen)
+        return test_transform(images, preset, extents), y_a, y_b, lam
+    x = train_augment(images, preset, gen, extents)
     if from_end > base_cfg.unmixed_epochs and (base_cfg.mixup_alpha > 0 or base_cfg.cutmix_alpha > 0):
         mixed = mixup_cutmix(x, y_a, num_base, base_cfg.mixup_alpha, base_cfg.cutmix_alpha, base_cfg.mix_prob, 0.5,
                              gen if host_gen is None else host_gen, groups)
@@ -250,6 +253,7 @@ class BaseRun(NamedTuple):
     aux_head: nn.Linear | None
     opt: torch.optim.SGD
     images: torch.Tensor
+    extents: torch.Tensor | None
     targets: torch.Tensor
     group: object
     plan: BasePlan
@@ -295,10 +299,10 @@ def base_run(cfg, pack: ImagePack, device, group) -> BaseRun:
         convert_global_batchnorm(model)
     if group.world_size > 1:
         net = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
-    images = load_base_train_images(pack, train_ids, device)
+    images, extents = load_base_train_images(pack, train_ids, device)
     targets = torch.from_numpy(pack.labels)[train_ids].to(device)
-    return BaseRun(model, net, aux_head, _optimizer(model, aux_head, cfg), images, targets, group, plan, preset,
-                   num_base)
+    return BaseRun(model, net, aux_head, _optimizer(model, aux_head, cfg), images, extents, targets, group, plan,
+                   preset, num_base)
 
 
 def base_step(cfg, run: BaseRun, head, batch: tuple) -> torch.Tensor:
@@ -358,9 +362,10 @@ def train_epoch(cfg, run: BaseRun, p: int, device, show_progress: bool) -> float
         # Mixup/CutMix decide on the host (whether, which, lambda, the box): from a CPU generator on a GPU, so no
         # step waits for the device; on the CPU from the augmentation's generator, as always
         host_gen = None if gen.device.type == "cpu" else seeded_generator(cfg.seed, BASE_STEP_MIX + step)
+        extents = None if run.extents is None else run.extents[idx]
         pending.append(base_step(cfg, run, head, _base_batch(run.images[idx], run.targets[idx], run.num_base,
                                                              run.preset, cfg.base, epoch, gen, host_gen,
-                                                             plan.groups)))
+                                                             plan.groups, extents)))
         if len(pending) == CHECK_EVERY or i + 1 == plan.steps:
             losses += read_losses(pending, epoch, i + 1)
             bar.set_postfix(loss=f"{sum(losses) / len(losses):.4f}")
@@ -389,7 +394,9 @@ def finish_base(cfg, run: BaseRun, pack: ImagePack, device, history: list[float]
         size = cfg.base.eval_batch_size
         recalibrated = recalibrate_batchnorm(
             run.model.backbone, run.model.backbone.trained_batchnorms(),
-            lambda: (test_transform(run.images[i:i + size], run.preset) for i in range(0, len(run.images), size)))
+            lambda: (test_transform(run.images[i:i + size], run.preset,
+                                    None if run.extents is None else run.extents[i:i + size])
+                     for i in range(0, len(run.images), size)))
     if not run.group.is_main:
         return {}
     protocol = pack.protocol

@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from pipeline.atomic import atomic_output
-from pipeline.data.augment import test_transform, train_augment
+from pipeline.data.augment import pack_batch, test_transform, train_augment
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.precision import autocast, image_layout, memory_format
@@ -70,8 +70,9 @@ class Extractor:
 
     def maps_of(self, ids: np.ndarray, gen: torch.Generator | None = None) -> np.ndarray:
         """Backbone maps (float32) of images `ids`, test transform (or the train augmentation drawn from `gen`)."""
-        images = torch.from_numpy(self.pack.read_images(ids)).to(self.device)
-        x = test_transform(images, self.preset) if gen is None else train_augment(images, self.preset, gen)
+        images, extents = pack_batch(self.pack, ids, self.device)
+        x = test_transform(images, self.preset, extents) if gen is None else train_augment(images, self.preset, gen,
+                                                                                            extents)
         with autocast(self.device, self.cfg.precision):  # params precision; the store keeps float32 (extract.dtype)
             local = self.backbone(image_layout(x[self.group.local_part(len(ids))], self.cfg.precision)).float()
         return gather_rows(local.contiguous(), len(ids), self.group).cpu().numpy()
