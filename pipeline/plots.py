@@ -36,6 +36,16 @@ def figure(path: Path, nrows: int = 1, ncols: int = 1, size: tuple[float, float]
         plt.close(fig)
 
 
+def plot_empty(path: Path, title: str, why: str) -> None:
+    """A picture that says why there is nothing to plot, so that every declared plot exists for every run (`dvc plots
+    diff` across variants compares the same files)."""
+    with figure(path, size=(6, 2)) as (fig, axes):
+        ax = axes[0, 0]
+        ax.axis("off")
+        ax.text(0.5, 0.5, why, ha="center", va="center", wrap=True)
+        fig.suptitle(title)
+
+
 def _sessions_axis(ax, sessions, ylabel: str, title: str) -> None:
     ax.set_xlabel("session")
     ax.set_ylabel(ylabel)

@@ -91,7 +91,7 @@ def write_report(results: list[dict], metrics_path: Path, out_dir: Path, title: 
     is a column of every sessions.csv row): accuracy.png, diagnostics.png when the sessions have diagnostics, and
     from `arrays` (the last session's diagnostics.npz) z_histogram.png, tsne.png and, for projectors that generate
     B, b_maps.png; returns the summary."""
-    from pipeline.plots import plot_accuracy, plot_b_maps, plot_diagnostics, plot_tsne, plot_z_histogram
+    from pipeline.plots import plot_accuracy, plot_b_maps, plot_diagnostics, plot_empty, plot_tsne, plot_z_histogram
 
     identity = identity or {}
     table = session_table(results)
@@ -103,13 +103,21 @@ def write_report(results: list[dict], metrics_path: Path, out_dir: Path, title: 
     with atomic_output(out_dir / "sessions.csv") as tmp:
         table.assign(**identity).to_csv(tmp, index=False)
     plot_accuracy(table, out_dir / "accuracy.png", title, prototype_columns("backbone")["acc"])
+    # every picture dvc.yaml declares is written for every run, empty with its reason when there is nothing to show
     if table["diag_alignment"].notna().any():
         plot_diagnostics(table, out_dir / "diagnostics.png", f"{title}: diagnostics on test maps")
+    else:
+        plot_empty(out_dir / "diagnostics.png", title, "no diagnostics: the sessions recorded none")
     if arrays is not None:
         last = int(table["session"].iloc[-1])
         plot_z_histogram(arrays, out_dir / "z_histogram.png", f"{title}\n||Z|| after session {last}")
         plot_tsne(arrays, out_dir / "tsne.png", f"{title}\ntest features after session {last}")
         if "b_maps" in arrays:
             plot_b_maps(arrays, out_dir / "b_maps.png", f"{title}\nactivation maps of B after session {last}")
+        else:
+            plot_empty(out_dir / "b_maps.png", title, "no B maps: this projector generates no input-dependent B")
+    else:
+        for name in ("z_histogram.png", "tsne.png", "b_maps.png"):
+            plot_empty(out_dir / name, title, "no pictures of the last session's features: it saved no arrays")
     atomic_write_text(metrics_path, json.dumps(summary, indent=2) + "\n")
     return summary

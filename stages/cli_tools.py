@@ -230,3 +230,19 @@ def _write_scan_grid(out: Path, device: str, repeats: int, scans: tuple[str, ...
         table.assign(device=name, profile=profile).to_csv(tmp, index=False)
     typer.echo(grid_literal(name, datetime.date.today().isoformat(), grid_rows(table)))
     typer.echo(f"wrote {out / 'scan_grid.csv'}; paste the rows above into MEASURED in pipeline/ops/scan_dispatch.py")
+
+
+def compare_runs(rows: Annotated[list[str] | None, typer.Argument(
+        help="Rows of `dvc exp show` by name: an experiment, a branch (main), a commit, or workspace; none: all.")]
+                 = None,
+                 metric: Annotated[list[str] | None, typer.Option(
+                     "--metric", "-m", help="A metrics.json key to show (repeatable; default: avg, pd, final, "
+                                            "base, prototype.backbone.avg).")] = None,
+                 all_commits: Annotated[bool, typer.Option(help="Rows of every commit, not only HEAD's.")] = False
+                 ) -> None:
+    """The rows of `dvc exp show` side by side: the resolved values that differ between them, then their metrics."""
+    from pipeline.research.compare import HEADLINE, compare, exp_show_csv
+
+    table = compare(exp_show_csv(all_commits), rows or [], tuple(metric) if metric else HEADLINE)
+    table.columns.name = None
+    typer.echo(table.to_string())

@@ -1,0 +1,79 @@
+"""Comparing runs as a user does (README "Comparing runs"): in a git repository with the pipeline at a tiny preset,
+the default run committed, then `dvc exp run --temp -S variant=mlp_baseline`: `dvc exp show`, `dvc params diff` and
+`dvc plots diff` show the resolved values and metrics of every row (the commit's too, with no DVC cache of it), no
+'!', no load errors; `fscil compare` prints what differs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import session_map
+from tests.pipeline_fixtures import TINY_PARAMS
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in this environment")
+
+
+def _run(cmd: list[str], cwd: Path) -> str:
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(cwd), "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, f"{' '.join(cmd)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout + result.stderr
+
+
+def test_every_row_has_the_resolved_values_and_plots_diff_needs_no_cache(tmp_path):
+    for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
+        shutil.copy(REPO / name, tmp_path / name)
+    for name in ("pipeline", "stages"):
+        shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    params = {k: v for k, v in TINY_PARAMS.items() if k != "variant_params"}
+    params["variant"] = "mamba_fscil"
+    params["incremental"] = {k: v for k, v in params["incremental"].items()
+                             if k not in ("lambda1", "lambda2", "lambda3", "freeze_base")}  # the variants' own
+    params["sessions"] = session_map(3)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    dvc = str(BIN / "dvc")
+    _run(["git", "init", "-q", "-b", "main"], tmp_path)
+    _run([dvc, "init", "-q"], tmp_path)
+    _run([dvc, "repro", "-q"], tmp_path)
+    tracked = _run(["git", "status", "--porcelain", "-uall"], tmp_path)
+    assert "data/config/run.yaml" in tracked and "data/report/sessions.csv" in tracked  # recorded by git
+    _run(["git", "add", "-A"], tmp_path)
+    _run(["git", "commit", "-qm", "default run"], tmp_path)
+    shutil.rmtree(tmp_path / ".dvc" / "cache", ignore_errors=True)  # main's outputs in no cache, as on a fresh clone
+    _run([dvc, "exp", "run", "--temp", "-q", "-n", "try-mlp", "-S", "variant=mlp_baseline"], tmp_path)
+
+    rows = list(csv.DictReader(io.StringIO(_run([dvc, "exp", "show", "--csv"], tmp_path))))
+    named = {r["Experiment"] or r["rev"]: r for r in rows}
+    assert set(named) == {"workspace", "main", "try-mlp"}
+    assert {k: named[k]["model.projector"] for k in named} == {"workspace": "dual_ssm", "main": "dual_ssm",
+                                                               "try-mlp": "mlp"}
+    for name, row in named.items():
+        assert "!" not in row.values(), name
+        # a key params.yaml sets too is listed under each file's name
+        assert float(row["avg"]) > 0 and row["incremental.lambda1"], name
+        assert row["data/config/run.yaml:base.epochs"] == row["params.yaml:base.epochs"] == "3", name
+
+    diff = _run([dvc, "params", "diff", "main", "try-mlp"], tmp_path)
+    assert "model.projector" in diff and "dual_ssm" in diff and "mlp" in diff and " - " not in diff
+
+    plots = _run([dvc, "plots", "diff", "main", "try-mlp", "-o", str(tmp_path / "plots")], tmp_path)
+    assert "error" not in plots.lower() and "warning" not in plots.lower(), plots
+    assert (tmp_path / "plots" / "index.html").is_file()
+
+    table = _run([str(BIN / "fscil"), "compare", "main", "try-mlp"], tmp_path)
+    lines = {line.split()[0]: line.split()[1:] for line in table.splitlines()[1:]}
+    assert lines["model.projector"] == ["dual_ssm", "mlp"] and lines["variant"] == ["mamba_fscil", "mlp_baseline"]
+    assert "avg" in lines and "base.epochs" not in lines  # only what differs, and the metrics
