@@ -66,13 +66,19 @@ def predict_images(images: Annotated[list[Path], typer.Argument(help="Image file
     files = _run("predict", apply.image_files, images, timed=False)
     rows = _run("predict", apply.predict_files, trained, files, _run("predict", resolve_device, device, timed=False),
                 timed=False)
-    table = pd.DataFrame(rows, columns=["path", "class_id", "class", "score"])
+    table = pd.DataFrame(rows, columns=["path", "class_id", "class", "score", "skipped"])
+    table["class_id"] = table["class_id"].astype("Int64")
+    for row in rows:
+        if row["skipped"]:
+            typer.echo(f"skipped {row['path']}: {row['skipped']}", err=True)
     if out is None:
         typer.echo(table.to_csv(index=False).rstrip())
-        return
-    with atomic_output(out) as tmp:
-        table.to_csv(tmp, index=False)
-    typer.echo(f"{out}: {len(rows)} images, {apply.describe(trained)}", err=True)
+    else:
+        with atomic_output(out) as tmp:
+            table.to_csv(tmp, index=False)
+        skipped = sum(bool(r["skipped"]) for r in rows)
+        typer.echo(f"{out}: {len(rows) - skipped} images predicted, {skipped} skipped, {apply.describe(trained)}",
+                   err=True)
 
 
 @model_app.command("summary")

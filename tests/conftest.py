@@ -1,4 +1,6 @@
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +10,33 @@ from tests.pipeline_fixtures import run_pipeline, write_params
 from tests.selection_fixtures import prepared_pack
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _working_tree() -> str | None:
+    """`git status --porcelain` of the repository (untracked and ignored files included), or None outside git."""
+    try:
+        done = subprocess.run(["git", "status", "--porcelain", "--ignored", "-uall", "--", ".", ":!.venv",
+                               ":!**/__pycache__", ":!.pytest_cache", ":!.ruff_cache", ":!*.egg-info"],
+                              cwd=REPO, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout
+
+
+def pytest_sessionstart(session):
+    session.config._tree_before = _working_tree()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """No test writes into the repository's working tree: every output goes under the test's temporary folder."""
+    before = getattr(session.config, "_tree_before", None)
+    after = _working_tree()
+    if before is None or after is None or before == after:
+        return
+    changed = sorted(set(after.splitlines()) ^ set(before.splitlines()))
+    session.config.get_terminal_writer().line(f"the tests changed the working tree: {changed[:10]}", red=True)
+    session.exitstatus = 1
 
 
 @pytest.fixture(autouse=True)

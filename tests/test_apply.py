@@ -4,8 +4,10 @@ predictions the session's own evaluation gave; an exported file gives the same; 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from PIL import Image
@@ -90,3 +92,34 @@ def test_a_corrupt_or_foreign_model_file_and_a_missing_session_are_one_line_erro
     result = cli("predict", str(tmp_path / "none.png"), "--session", "1", "--params", str(params),
                  "--data-dir", str(paths.data_dir))
     assert result.exit_code == 2 and "no such file or folder" in result.output
+
+
+def test_predict_skips_unreadable_files_reports_them_and_fails_only_when_nothing_is_read(tiny_run, tmp_path):
+    root, params, paths = tiny_run
+    source = ["--session", "1", "--params", str(params), "--data-dir", str(paths.data_dir), "--device", "cpu"]
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    with ImagePack.open(paths.pack) as pack:
+        images = pack.read_images(pack.protocol.test_ids[:2])
+    for k, image in enumerate(images):
+        Image.fromarray(image).save(folder / f"good{k}.png")
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")  # an image name, not an image
+    (folder / "notes.jpg").write_text("a text file")
+    csv = tmp_path / "pred.csv"
+    result = cli("predict", str(folder), *source, "--out", str(csv))
+    assert result.exit_code == 0, result.output
+    assert result.output.count("skipped ") == 2 and "broken.png" in result.output and "notes.jpg" in result.output
+    table = pd.read_csv(csv, keep_default_na=False)
+    assert list(table.columns) == ["path", "class_id", "class", "score", "skipped"]
+    by_name = {Path(p).name: row for p, row in zip(table["path"], table.to_dict("records"), strict=True)}
+    assert by_name["good0.png"]["skipped"] == "" and by_name["good1.png"]["class"] != ""
+    assert "unreadable image" in by_name["broken.png"]["skipped"] and by_name["broken.png"]["class_id"] == ""
+    # nothing readable: one line, exit 2; an empty folder: one line, exit 2
+    for bad in ("broken.png", "notes.jpg"):
+        (tmp_path / "bad").mkdir(exist_ok=True)
+        (tmp_path / "bad" / bad).write_bytes((folder / bad).read_bytes())
+    result = cli("predict", str(tmp_path / "bad"), *source)
+    assert result.exit_code == 2 and "none of the 2 files could be read as an image" in result.output
+    (tmp_path / "empty").mkdir()
+    result = cli("predict", str(tmp_path / "empty"), *source)
+    assert result.exit_code == 2 and "no image files in" in result.output and result.output.count("\n") == 1

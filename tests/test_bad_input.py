@@ -114,6 +114,42 @@ def test_corrupt_and_foreign_feature_stores(tiny_run, tmp_path):
     assert not (data / "sessions" / "session_1").exists()
 
 
+def test_a_damaged_store_array_is_named_before_any_training(tiny_run, tmp_path, monkeypatch):
+    """A corrupted chunk, a chunk gone, or an array rewritten with another shape: a one-line error naming the array
+    and the stage to re-run, before the session trains (it used to surface after about a minute of training)."""
+    from pipeline.training import incremental_session
+
+    _, params, paths = tiny_run
+    args = ("stage", "incremental", "--session", "1", "--params", str(params), "-q")
+    trained = []
+    monkeypatch.setattr(incremental_session, "fit_session", lambda *a, **k: trained.append(1))
+
+    def fresh(name: str):
+        data = tmp_path / name
+        shutil.copytree(paths.data_dir, data, ignore=shutil.ignore_patterns("sessions", "report", "pack.h5"))
+        return data
+
+    data = fresh("flipped")  # one byte of one chunk of the test maps changed
+    chunk = sorted((data / "features.zarr" / "test" / "maps" / "c").rglob("*"))[-1]
+    raw = bytearray(chunk.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(raw))
+    result = cli(*args, "--data-dir", str(data))
+    _assert_one_line_error(result, "array test/maps", "fscil stage extract")
+    data = fresh("gone")  # a chunk file missing: zarr reads it as fill values
+    next(p for p in (data / "features.zarr" / "fewshot" / "maps" / "c").rglob("*") if p.is_file()).unlink()
+    _assert_one_line_error(cli(*args, "--data-dir", str(data)), "array fewshot/maps", "sha256 mismatch")
+    data = fresh("reshaped")  # an array rewritten with fewer rows
+    import zarr
+
+    group = zarr.open_group(str(data / "features.zarr"), mode="r+")
+    labels = group["test/labels"][...]
+    del group["test/labels"]
+    group.create_array("test/labels", shape=(len(labels) - 1,), dtype="int64")[...] = labels[:-1]
+    _assert_one_line_error(cli(*args, "--data-dir", str(data)), "array test/labels has shape", "the extraction wrote")
+    assert not trained and not (data / "sessions" / "session_1").exists()
+
+
 def test_non_finite_loss_stops_naming_the_step(tiny_run, tmp_path):
     _, _, paths = tiny_run
     data = tmp_path / "data"

@@ -19,7 +19,8 @@ def test_the_gpu_script_times_a_paper_preset_end_to_end(tmp_path):
     tiny = [f"model.{k}={v}" for k, v in TINY_MODEL.items() if k not in ("backbone_widths", "dim")]
     tiny += ["model.backbone_widths=[8,8,16,16]", "model.dim=128", "data.train_per_class=9", "data.test_per_class=2",
              "data.novel_pool_per_class=5", "base.batch_size=256", "incremental.steps=[1]", "device=cpu"]
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "PRESETS": "cifar100", "PROFILES": "exact", "EPOCHS": "1",
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PACKS": str(tmp_path / "packs"), "PRESETS": "cifar100",
+           "PROFILES": "exact", "EPOCHS": "1",
            "STEPS": "speed", "PYTHON": sys.executable, "EXTRA": " ".join(f"-S {value}" for value in tiny)}
     done = subprocess.run(["bash", str(REPO / ".ci" / "gpu-paper-scale")], env=env, capture_output=True, text=True,
                           timeout=600)

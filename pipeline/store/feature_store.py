@@ -16,6 +16,7 @@ or built from another checkpoint or data pack.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,27 @@ class FeatureStoreWriter:
         self.root["fewshot/views"][view, start:start + len(values)] = values
 
     def finish(self) -> None:
+        """Record every array's shape and sha256 (what `FeatureStore.verify` checks) and mark the store complete."""
+        self.root.attrs["arrays"] = {name: {"shape": list(self.root[name].shape), "sha256": _digest(self.root[name])}
+                                     for name in _array_names(self.root)}
         self.root.attrs["complete"] = True
+
+
+def _array_names(group: zarr.Group, prefix: str = "") -> list[str]:
+    """Every array under `group`, as a path ("test/maps", ...), sorted."""
+    names = [f"{prefix}{k}" for k in group.array_keys()]
+    for k in group.group_keys():
+        names += _array_names(group[k], f"{prefix}{k}/")
+    return sorted(names)
+
+
+def _digest(array) -> str:
+    """sha256 of an array's values (C order), read one chunk row at a time along its first axis."""
+    h = hashlib.sha256()
+    step = array.chunks[0] if array.ndim else 1
+    for start in range(0, max(array.shape[0], 1) if array.ndim else 1, step):
+        h.update(np.ascontiguousarray(array[start:start + step] if array.ndim else array[...]).tobytes())
+    return h.hexdigest()
 
 
 class FeatureStore:
@@ -104,6 +125,30 @@ class FeatureStore:
                 raise FSCILError(f"{path}: {name} has maps of shape {root[name].shape[1:]}, "
                                  f"metadata says {tuple(attrs['map_shape'])}")
         return store
+
+    def verify(self, stage: str = "extract") -> None:
+        """Read every chunk of every array and check each array's shape and sha256 against what the extraction
+        recorded (`FeatureStoreWriter.finish`): a missing, truncated, reshaped or corrupted array is a one-line error
+        naming it and the stage that writes the store, before any training. A store written before digests were
+        recorded is read through (every chunk) without them."""
+        recorded = self.attrs.get("arrays")
+        names = sorted(recorded) if recorded else _array_names(self.root)
+        fix = f"rerun `fscil stage {stage}` (dvc repro -f -s {stage})"
+        for name in names:
+            if name not in self.root:
+                raise FSCILError(f"{self.path}: array {name} is missing; {fix}")
+            array = self.root[name]
+            if recorded and list(array.shape) != recorded[name]["shape"]:
+                raise FSCILError(f"{self.path}: array {name} has shape {tuple(array.shape)}, the extraction wrote "
+                                 f"{tuple(recorded[name]['shape'])}; {fix}")
+            try:
+                digest = _digest(array)
+            except Exception as err:  # zarr and its codecs raise many kinds on a damaged chunk
+                raise FSCILError(f"{self.path}: array {name} has an unreadable chunk ({type(err).__name__}); "
+                                 f"{fix}") from None
+            if recorded and digest != recorded[name]["sha256"]:
+                raise FSCILError(f"{self.path}: array {name} does not hold what the extraction wrote (sha256 "
+                                 f"mismatch); {fix}")
 
     @property
     def map_shape(self) -> tuple[int, int, int]:

@@ -135,16 +135,30 @@ def predict_arrays(trained: TrainedModel, images: np.ndarray, device: torch.devi
 
 def predict_files(trained: TrainedModel, files: list[Path], device: torch.device) -> list[dict]:
     """One row per file: path, class id, class name, score (the softmax probability of that class over the seen
-    classes)."""
+    classes) and `skipped` (empty, or why the file was not predicted: unreadable or not an image). The readable files
+    are predicted whatever the others are; none readable is a one-line error."""
     preset = get_preset(trained.preset, trained.image_size)
-    if preset.view == "shorter_side":  # as the pack stores them: whole, on a canvas, with their extents
-        placed = [fit_shorter_side(decode_rgb(f), preset.test_resize, preset.canvas) for f in files]
-        images, extents = np.stack([p[0] for p in placed]), np.array([p[1] for p in placed])
-    else:
-        images, extents = np.stack([fit_square(decode_rgb(f), trained.image_size) for f in files]), None
+    loaded, skipped = {}, {}
+    for f in files:
+        try:
+            img = decode_rgb(f)
+        except FSCILError as err:
+            skipped[f] = str(err)
+            continue
+        if preset.view == "shorter_side":  # as the pack stores them: whole, on a canvas, with their extents
+            loaded[f] = fit_shorter_side(img, preset.test_resize, preset.canvas)
+        else:
+            loaded[f] = (fit_square(img, trained.image_size), None)
+    if not loaded:
+        first = next(iter(skipped.values()))
+        raise FSCILError(f"none of the {len(files)} files could be read as an image (first: {first})")
+    images = np.stack([image for image, _ in loaded.values()])
+    extents = None if preset.view != "shorter_side" else np.array([size for _, size in loaded.values()])
     ids, scores = predict_arrays(trained, images, device, extents=extents)
-    return [{"path": str(f), "class_id": int(i), "class": trained.class_names[int(i)], "score": round(float(s), 6)}
-            for f, i, s in zip(files, ids, scores, strict=True)]
+    done = {f: (int(i), float(s)) for f, i, s in zip(loaded, ids, scores, strict=True)}
+    return [{"path": str(f), "class_id": done[f][0], "class": trained.class_names[done[f][0]],
+             "score": round(done[f][1], 6), "skipped": ""} if f in done else
+            {"path": str(f), "class_id": None, "class": None, "score": None, "skipped": skipped[f]} for f in files]
 
 
 def describe(trained: TrainedModel) -> str:

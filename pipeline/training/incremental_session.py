@@ -410,6 +410,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     tensors, base_meta = load_checkpoint(base_ckpt, {"kind": "base-model", "config": config_digest(cfg)})
     store = FeatureStore.open(store_path, pack_hash=base_meta["data"], checkpoint_sha256=file_digest(base_ckpt))
     _check_session(session, int(store.attrs["num_sessions"]), prev_dir)
+    store.verify()  # every chunk readable and as written, before any training
     digest = config_digest(cfg, SECTIONS)
     projector, classifier, memory = start_session(cfg, session, store, tensors, int(base_meta["num_classes"]),
                                                   prev_dir, digest)
