@@ -14,6 +14,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipeline.errors import FSCILError
+
 _TMP_TAG = ".tmp-"
 
 
@@ -37,7 +39,10 @@ def atomic_output(target: str | os.PathLike, *, directory: bool = False) -> Iter
     directory: create the temporary as an (empty) directory, for outputs that are folders.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file where a folder is needed, no permission, ...
+        raise FSCILError(f"{target}: cannot create its folder {target.parent} ({err.strerror or err})") from None
     sweep_temporaries(target)
     tmp = target.parent / f".{target.name}{_TMP_TAG}{os.getpid()}"
     if directory:

@@ -120,7 +120,8 @@ class FeatureStore:
         store = cls(path, root)
         for name in ("test/maps", "fewshot/maps", "memory/base_means"):
             if name not in root:
-                raise FSCILError(f"{path}: feature store lacks {name}")
+                raise FSCILError(f"{path}: feature store lacks {name}; rerun `fscil stage extract` (dvc repro -f -s "
+                                 "extract)")
             if list(root[name].shape[1:]) != attrs["map_shape"]:
                 raise FSCILError(f"{path}: {name} has maps of shape {root[name].shape[1:]}, "
                                  f"metadata says {tuple(attrs['map_shape'])}")
