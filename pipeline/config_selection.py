@@ -51,6 +51,7 @@ SEARCH: tuple[Search, ...] = (
     Search("architecture", "incremental.freeze_base", (True, False)),
     Search("architecture", "incremental.suppression", ("z", "silu_z", "mu_inc")),
     Search("architecture", "model.k_paths", (1, 2, 4)),
+    Search("architecture", "model.ssm_branch"),
     *_stage("architecture", "model.iden_linear", "model.out_norm"),
     Search("architecture", "incremental.inc_init", ("random", "base")),
     Search("architecture", "incremental.vertex_match"),

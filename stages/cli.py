@@ -305,7 +305,12 @@ def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the full 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry: bad input is one line and exit 2; an unexpected error is one line naming the file that holds
-    its traceback, and exit 1 (`fscil --debug ...` prints the traceback instead)."""
+    its traceback, and exit 1 (`fscil --debug ...` prints the traceback instead). CPU kernels are pinned first
+    (`pipeline.portable`), before anything imports torch."""
+    from pipeline.portable import pin_cpu_kernels
+
+    if "torch" not in sys.modules:  # a caller that already imported torch (tests, notebooks) keeps its kernels
+        pin_cpu_kernels()
     try:
         app(args=argv)
     except FSCILError as err:
