@@ -34,7 +34,7 @@ from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.precision import autocast, image_layout, memory_format
 from pipeline.seeding import BASE_EPOCH_ORDER, BASE_STEP_AUGMENT, BASE_STEP_MIX, seeded_generator
 from pipeline.training.base_model import MODEL_FILE, base_twin, config_digest, load_base_model
-from pipeline.training.checkpoint import load_checkpoint, read_metadata, save_checkpoint
+from pipeline.training.checkpoint import load_checkpoint, read_metadata, save_checkpoint, write_metrics
 from pipeline.training.distributed import (
     all_reduce_sum,
     barrier,
@@ -179,7 +179,7 @@ def _write_base_model(out_dir: Path, model: FSCILModel, cfg, pack: ImagePack, in
         "model": cfg.to_dict()["model"], "input_size": input_size, "preset": pack.preset,
         "num_classes": pack.protocol.num_classes, "seed": cfg.seed,
     })
-    (out_dir / "metrics.json").write_text(json.dumps(result, indent=2))
+    write_metrics(out_dir / "metrics.json", result)
 
 
 def derive_base_model(cfg, twin_dir: Path, pack_path: Path, out_dir: Path) -> dict:

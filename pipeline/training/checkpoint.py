@@ -27,6 +27,16 @@ def save_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], metadata
         save_file(tensors, str(tmp), metadata={_META_KEY: json.dumps(metadata, sort_keys=True)})
 
 
+# what a run measured of this machine, not what it computed: kept out of the files a stage writes into DVC's outputs,
+# so that the same inputs give the same bytes (dvc.lock unchanged by a rerun); the stages print them
+RUN_TIMES = ("seconds", "images_per_second")
+
+
+def write_metrics(path: str | Path, result: dict[str, Any]) -> None:
+    """`result` as JSON at `path`, without its RUN_TIMES."""
+    Path(path).write_text(json.dumps({k: v for k, v in result.items() if k not in RUN_TIMES}, indent=2))
+
+
 def read_metadata(path: str | Path) -> dict[str, Any]:
     from safetensors import safe_open
 

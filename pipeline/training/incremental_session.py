@@ -11,7 +11,6 @@ training: evaluation on every test map of the classes seen so far, and the new c
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ from pipeline.seeding import DEVIATION, MEMORY, SESSION, seeded_generator
 from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMemory
 from pipeline.training.base_model import MODEL_FILE, config_digest
-from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed
+from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed, write_metrics
 from pipeline.training.diagnostics import session_diagnostics
 from pipeline.training.evaluate import session_metrics
 from pipeline.training.progress import CHECK_EVERY, ProgressLog, drain
@@ -437,7 +436,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
               "diagnostics": evaluation["diagnostics"],
               "projector_parameters": sum(p.numel() for p in projector.parameters()),
               "seconds": round(time.time() - started, 2)}
-    (out_dir / METRICS_FILE).write_text(json.dumps(result, indent=2))
+    write_metrics(out_dir / METRICS_FILE, result)
     return result
 
 
