@@ -434,7 +434,8 @@ class IncrementalConfig(SectionConfig):
     """The class-sensitive losses are computed on this many groups of the batch (row r in group r % loss_groups)
     and averaged, a term running only when every group holds its rows; feature-mixup partners are drawn within the
     groups (one permutation for all). 1: the whole batch; 8: the authors' 8 GPUs x 8 rows (their MIN-gated
-    per-GPU losses). Results depend on this key, never on the number of processes."""
+    per-GPU losses). Results depend on this key, never on the number of processes. A session with fewer training
+    rows than a batch pads its one batch an epoch to whole groups with the epoch's first rows (their sampler)."""
     dr_weighting: str = "uniform"
     """How the samples weigh in the classification (DR) loss: uniform (the paper) or class_balanced (the authors'
     `with_len` in their CIFAR-100 / miniImageNet session configs: each sample (batch / classes in the batch) / the

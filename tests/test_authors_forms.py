@@ -16,6 +16,7 @@ from pipeline.losses.class_sensitive import separation_loss, suppression_loss
 from pipeline.losses.classification import class_balance_weights, dot_regression_loss, mixed_loss, target_weights
 from pipeline.models.mamba1d import cross_merge_channel_flip
 from pipeline.ops.cross_scan import cross_scan
+from pipeline.training.incremental_session import SessionDraws, session_batch
 from pipeline.training.schedule import SCHEDULES, mmcv_cosine_cooldown
 from tests.pipeline_fixtures import cli
 
@@ -120,6 +121,24 @@ def test_grouped_feature_mixup_partners_stay_in_their_group_with_one_permutation
     assert torch.equal(perm % 8, rows % 8)  # each row's partner is in its own group
     assert torch.equal(perm[0::8] // 8, perm[1::8] // 8)  # every group mixes its rows the same way
     assert sorted(perm.tolist()) == rows.tolist()
+
+
+def test_a_session_smaller_than_a_batch_is_padded_to_whole_groups_with_its_first_rows():
+    """45 rows (20 base means + 25 shots) and 8 loss groups: the authors' sampler padded each epoch to 48 rows by
+    repeating the permutation's first 3, so each of their 8 GPUs held 6; one batch an epoch, a fresh permutation."""
+    assert (session_batch(45, 64, 8), session_batch(85, 64, 8), session_batch(45, 64, 1), session_batch(3, 64, 8)) == (
+        48, 64, 45, 8)
+    draws = SessionDraws(torch.Generator().manual_seed(0), 45, 3, 48, 1.0, "cpu", None, 8)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(3):
+        order = torch.randperm(45, generator=gen)
+        idx, perm, _ = draws.step(step)
+        assert torch.equal(idx, torch.cat([order, order[:3]]))
+        assert torch.equal(perm % 8, torch.arange(48) % 8)  # mixup partners within each group of 6
+        mixup_draws(48, 1.0, gen, 8)  # the same generator's draws for the partners
+    assert not torch.equal(draws.step(0)[0], draws.step(1)[0])
+    tiny = SessionDraws(torch.Generator().manual_seed(1), 3, 1, 8, 0.0, "cpu", None, 8)
+    assert sorted(torch.bincount(tiny.step(0)[0], minlength=3).tolist()) == [2, 3, 3]  # 3 rows over 8: cycled
 
 
 def test_mmcv_session_schedule_at_its_boundaries_by_hand():

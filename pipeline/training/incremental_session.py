@@ -199,20 +199,33 @@ def loss_rose(before: float, after: float, factor: float = ROSE_FACTOR) -> bool:
     return not math.isfinite(after) or after > factor * before
 
 
+def session_batch(rows: int, batch_size: int, groups: int) -> int:
+    """The rows of a session step: batch_size, or with fewer training rows all of them, rounded up to whole loss
+    groups (padded as in SessionDraws)."""
+    batch = min(batch_size, rows)
+    return batch + -batch % groups
+
+
 class SessionDraws:
     """Every random draw of a session's steps, made before the first step (in the order the steps would make them,
     so a seed gives the same run) and moved to the device once: the steps then read no host data and wait for
     nothing. Per step: the batch's rows (a fresh permutation of the training set each epoch, drop_last), the
-    feature-mixup partners or None, and the lent-deviation draws or None."""
+    feature-mixup partners or None, and the lent-deviation draws or None.
+
+    A batch larger than the training set (fewer rows than incremental.batch_size, rounded up to whole loss groups)
+    is the epoch's permutation followed by its first rows again: the authors' distributed sampler padded each epoch
+    to a multiple of their 8 GPUs this way, so every GPU (here: loss group) held as many rows."""
 
     def __init__(self, gen: torch.Generator, rows: int, steps: int, batch: int, mixup_prob: float, device,
                  deviations: tuple[float, int, torch.Generator] | None = None, groups: int = 1):
-        per_epoch = rows // batch
+        per_epoch = max(rows // batch, 1)
         idx, perms, self.mixed = [], [], []
         order = torch.zeros(0, dtype=torch.long)
         for step in range(steps):
             if step % per_epoch == 0:
                 order = torch.randperm(rows, generator=gen)
+                if batch > rows:  # padded with the permutation's first rows
+                    order = order[torch.arange(batch) % rows]
             idx.append(order[(step % per_epoch) * batch:(step % per_epoch + 1) * batch])
             perm = mixup_draws(batch, mixup_prob, gen, groups)
             self.mixed.append(perm is not None)
@@ -317,10 +330,7 @@ def fit_session(cfg, session: int, projector, classifier, data: SessionData, sto
                           weight_decay=inc.weight_decay)
     steps = inc.session_value("steps", session)
     deviations, lent = lent_deviations(cfg, session, store, device)
-    batch = min(inc.batch_size, len(data.y))
-    if batch % inc.loss_groups:
-        raise FSCILError(f"session {session}: its {len(data.y)} training rows make batches of {batch}, which do not "
-                         f"split into incremental.loss_groups={inc.loss_groups} groups")
+    batch = session_batch(len(data.y), inc.batch_size, inc.loss_groups)
     draws = SessionDraws(seeded_generator(cfg.seed, SESSION * session), len(data.y), steps, batch, inc.mixup_prob,
                          device, lent, inc.loss_groups)
     projector.train()
