@@ -16,8 +16,8 @@ from pipeline.losses.class_sensitive import separation_loss, suppression_loss
 from pipeline.losses.classification import class_balance_weights, dot_regression_loss, mixed_loss, target_weights
 from pipeline.models.mamba1d import cross_merge_channel_flip
 from pipeline.ops.cross_scan import cross_scan
-from pipeline.training.incremental_session import SessionDraws, session_batch
 from pipeline.training.schedule import SCHEDULES, mmcv_cosine_cooldown
+from pipeline.training.session_step import SessionDraws, session_batch
 from tests.pipeline_fixtures import cli
 
 # N=3, L=2, D'=2; sample 0 is base, samples 1 and 2 are novel
@@ -199,7 +199,7 @@ def test_cub_forms_a_three_layer_p_mlp_for_g_inc_and_a_separation_on_g_base():
     from pipeline.models.classifier import ETFClassifier
     from pipeline.models.projector import Projector
     from pipeline.models.ss2d import BranchDims
-    from pipeline.training.incremental_session import incremental_loss
+    from pipeline.training.session_step import incremental_loss
 
     dims = BranchDims(dim=8, d_state=4, dt_rank=3, k_paths=4, expand=1, d_conv=None, mlp_layers=2, out_norm=True)
     torch.manual_seed(0)

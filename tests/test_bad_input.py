@@ -15,7 +15,7 @@ from pipeline.errors import FSCILError
 from pipeline.models.fscil import build_head
 from pipeline.models.projector import Projector
 from pipeline.research.selection import with_values
-from pipeline.training import incremental_session
+from pipeline.training import incremental_session, session_step
 from pipeline.training.base_session import not_learning
 from pipeline.training.incremental_session import loss_rose
 from tests.pipeline_fixtures import TINY_PARAMS, cli, write_params
@@ -220,7 +220,7 @@ def test_a_session_that_ends_worse_than_it_began_is_refused_as_diverged(how, tin
     data = tmp_path / "data"
     shutil.copytree(paths.data_dir, data, ignore=shutil.ignore_patterns("sessions", "report"))
     calls, fits = [], []
-    real_loss, real_fit = incremental_session.incremental_loss, incremental_session.fit_loss
+    real_loss, real_fit = session_step.incremental_loss, incremental_session.fit_loss
 
     def last_step_blows_up(projector, *args, **kwargs):  # the 4th (last) step's gradient is 1e30 per weight
         cls, supp, sep = real_loss(projector, *args, **kwargs)
@@ -236,7 +236,7 @@ def test_a_session_that_ends_worse_than_it_began_is_refused_as_diverged(how, tin
     if how == "fit rose":
         monkeypatch.setattr(incremental_session, "fit_loss", worse_after)
     else:
-        monkeypatch.setattr(incremental_session, "incremental_loss", last_step_blows_up)
+        monkeypatch.setattr(session_step, "incremental_loss", last_step_blows_up)
     result = cli("stage", "incremental", "--session", "1", "--params", str(params), "--data-dir", str(data), "-q")
     _assert_one_line_error(result, "session 1: the classification loss on the session's training set went from",
                            "nan after" if how == "weights blew up" else "after", "nothing written")
@@ -291,8 +291,8 @@ def test_the_divergence_verdict_follows_the_model_not_the_batch_losses(tiny_run,
         calls.append(1)
         return cls + 100.0 * (len(calls) - 1), supp, sep
 
-    real = incremental_session.incremental_loss
-    monkeypatch.setattr(incremental_session, "incremental_loss", rising)
+    real = session_step.incremental_loss
+    monkeypatch.setattr(session_step, "incremental_loss", rising)
     result = cli("stage", "incremental", "--session", "1", "--params", str(params), "--data-dir", str(data), "-q")
     assert result.exit_code == 0, result.output
     assert len(calls) == 4

@@ -12,7 +12,7 @@ from pipeline.config import build_config
 from pipeline.errors import FSCILError
 from pipeline.models.fscil import build_head
 from pipeline.precision import autocast
-from pipeline.training.incremental_session import train_step
+from pipeline.training.session_step import train_step
 from tests.pipeline_fixtures import NUM_SESSIONS, TINY_PARAMS, run_pipeline, write_params
 
 

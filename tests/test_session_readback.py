@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from pipeline.config import build_config
 from pipeline.errors import TrainingDiverged
 from pipeline.models.fscil import build_head
-from pipeline.training.incremental_session import SessionDraws, read_back, train_step
+from pipeline.training.session_step import SessionDraws, read_back, train_step
 from tests.pipeline_fixtures import TINY_PARAMS
 
 
