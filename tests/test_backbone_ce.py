@@ -14,7 +14,8 @@ from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import build_model
 from pipeline.research.selection import with_values
 from pipeline.training.base_model import config_digest
-from pipeline.training.base_session import AUX_PREFIX, RESUME_FILE, _BaseNet, backbone_ce_head, base_loss, train_base
+from pipeline.training.base_resume import AUX_PREFIX, RESUME_FILE
+from pipeline.training.base_session import _BaseNet, backbone_ce_head, base_loss, train_base
 from pipeline.training.checkpoint import load_checkpoint
 from tests.pipeline_fixtures import tiny_model_config, write_params
 

@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 
 from pipeline.config import load_config, session_map
 from pipeline.errors import FSCILError
-from pipeline.training.base_session import RESUME_FILE, train_base
+from pipeline.training.base_resume import RESUME_FILE
+from pipeline.training.base_session import train_base
 from pipeline.training.checkpoint import load_checkpoint, save_checkpoint
 from stages.paths import StagePaths
 from tests.pipeline_fixtures import cli, run_pipeline, run_stage, write_params

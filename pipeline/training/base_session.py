@@ -3,7 +3,8 @@
 Determinism and process-count invariance: the epoch order is a permutation seeded by (seed, epoch), the
 augmentation and Mixup/CutMix randoms by (seed, step), and each process keeps its slice of the global batch (see
 pipeline/training/distributed.py). No checkpoint is selected on test data: the final weights are the result.
-Resumable: a checkpoint with the optimizer state is written every `checkpoint_every` epochs next to the output.
+Resumable: a checkpoint with the optimizer state is written every `checkpoint_every` epochs next to the output
+(pipeline/training/base_resume.py).
 With base.precise_bn the backbone's BatchNorm statistics are measured afresh on the test-transformed training images
 after the last epoch (pipeline/training/precise_bn.py). base.unmixed_epochs / base.unaugmented_epochs end the training
 on unmixed batches / on the test view of the images (`_base_batch`).
@@ -34,7 +35,8 @@ from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.precision import autocast, image_layout, memory_format
 from pipeline.seeding import BASE_EPOCH_ORDER, BASE_STEP_AUGMENT, BASE_STEP_MIX, seeded_generator
 from pipeline.training.base_model import MODEL_FILE, base_twin, config_digest, load_base_model
-from pipeline.training.checkpoint import load_checkpoint, read_metadata, save_checkpoint, write_metrics
+from pipeline.training.base_resume import RESUME_FILE, resume_point, save_resume_point, trained_parameters
+from pipeline.training.checkpoint import save_checkpoint, write_metrics
 from pipeline.training.distributed import (
     all_reduce_sum,
     barrier,
@@ -49,9 +51,6 @@ from pipeline.training.precise_bn import recalibrate_batchnorm
 from pipeline.training.progress import CHECK_EVERY, ProgressLog, drain
 from pipeline.training.runtime import run_device
 from pipeline.training.schedule import BASE_SCHEDULES, set_lr
-
-RESUME_FILE = "resume.safetensors"
-AUX_PREFIX = "aux_head."  # base.backbone_ce's head in the resumable checkpoint (never in the saved base model)
 
 
 class _BaseNet(nn.Module):
@@ -80,41 +79,14 @@ def backbone_ce_head(model: FSCILModel, num_base: int, weight: float) -> nn.Line
     return head
 
 
-def _trained_parameters(model: FSCILModel, aux_head: nn.Linear | None) -> dict[str, nn.Parameter]:
-    """Every parameter base training may update, by the name its checkpoint keys use (the auxiliary head's under
-    AUX_PREFIX, outside the saved model)."""
-    named = dict(model.named_parameters())
-    if aux_head is not None:
-        named.update({AUX_PREFIX + n: p for n, p in aux_head.named_parameters()})
-    return named
-
-
 def _optimizer(model: FSCILModel, aux_head: nn.Linear | None, cfg) -> torch.optim.SGD:
     backbone = [p for p in model.backbone.parameters() if p.requires_grad]
-    rest = [p for n, p in _trained_parameters(model, aux_head).items()
+    rest = [p for n, p in trained_parameters(model, aux_head).items()
             if p.requires_grad and not n.startswith("backbone.")]
     groups = [{"params": rest, "initial_lr": cfg.base.lr}]
     if backbone:
         groups.append({"params": backbone, "initial_lr": cfg.base.lr * cfg.base.backbone_lr_scale})
     return torch.optim.SGD(groups, lr=cfg.base.lr, momentum=cfg.base.momentum, weight_decay=cfg.base.weight_decay)
-
-
-def _optimizer_tensors(opt: torch.optim.SGD, params: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
-    names = {id(p): n for n, p in params.items()}
-    out = {}
-    for group in opt.param_groups:
-        for p in group["params"]:
-            buf = opt.state.get(p, {}).get("momentum_buffer")
-            if buf is not None:
-                out[f"optim.{names[id(p)]}"] = buf
-    return out
-
-
-def _load_optimizer(opt: torch.optim.SGD, params: dict[str, nn.Parameter], tensors: dict[str, torch.Tensor]) -> None:
-    for key, value in tensors.items():
-        if key.startswith("optim."):
-            p = params[key[len("optim."):]]
-            opt.state[p]["momentum_buffer"] = value.to(p.device).clone()
 
 
 def load_base_train_images(pack: ImagePack, ids: np.ndarray, device: torch.device
@@ -131,23 +103,6 @@ def evaluate_images(model: FSCILModel, pack: ImagePack, ids: np.ndarray, num_see
     parts = (pack_batch(pack, ids[i:i + batch_size], device) for i in range(0, len(ids), batch_size))
     batches = (test_transform(x, preset, extents) for x, extents in parts)
     return predict(lambda x: model(x, num_seen, mode=mode), batches)
-
-
-def _resume(ckpt: Path, meta: dict, model: FSCILModel, aux_head: nn.Linear | None,
-            opt: torch.optim.SGD) -> tuple[int, list]:
-    """(first epoch, loss history) from the resumable checkpoint when it belongs to this config and pack, else
-    (0, []); loads the model, the auxiliary head and the optimizer state in place."""
-    if not ckpt.is_file():
-        return 0, []
-    stored = read_metadata(ckpt)
-    if stored.get("config") != meta["config"] or stored.get("data") != meta["data"]:
-        return 0, []
-    tensors, stored = load_checkpoint(ckpt)
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    if aux_head is not None:
-        aux_head.load_state_dict({k[len(AUX_PREFIX):]: v for k, v in tensors.items() if k.startswith(AUX_PREFIX)})
-    _load_optimizer(opt, _trained_parameters(model, aux_head), tensors)
-    return int(stored["epoch"]), list(stored["history"])
 
 
 def _base_batch(images: torch.Tensor, targets: torch.Tensor, num_base: int, preset, base_cfg, epoch: int,
@@ -372,15 +327,6 @@ def train_epoch(cfg, run: BaseRun, p: int, device, show_progress: bool) -> float
     return round(sum(losses) / max(plan.steps, 1), 6)
 
 
-def save_resume_point(run: BaseRun, ckpt: Path, meta: dict, done: int, history: list[float]) -> None:
-    """The resumable checkpoint after epoch `done`: model, auxiliary head and optimizer state."""
-    tensors = {f"model.{k}": v for k, v in run.model.state_dict().items()}
-    if run.aux_head is not None:
-        tensors.update({AUX_PREFIX + k: v for k, v in run.aux_head.state_dict().items()})
-    tensors.update(_optimizer_tensors(run.opt, _trained_parameters(run.model, run.aux_head)))
-    save_checkpoint(ckpt, tensors, {**meta, "epoch": done, "history": history})
-
-
 def finish_base(cfg, run: BaseRun, pack: ImagePack, device, history: list[float], out_dir: Path | None,
                 started: float, rates: list[float] | None = None) -> dict:
     """After the last epoch: the not-learning check, precise BatchNorm when asked, and on the main process the
@@ -426,7 +372,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
         run = base_run(cfg, pack, device, group)
         meta = {"kind": "base-resume", "config": config_digest(cfg), "data": pack.content_hash}
         ckpt = Path(checkpoint_dir) / RESUME_FILE
-        start_epoch, history = _resume(ckpt, meta, run.model, run.aux_head, run.opt)
+        start_epoch, history = resume_point(ckpt, meta, run.model, run.aux_head, run.opt)
         progress = ProgressLog("base", cfg.base.epochs, "epoch", start=start_epoch, enabled=group.is_main)
         rates: list[float] = []  # training images per second of each pass run here
         repeat = cfg.base.repeat
