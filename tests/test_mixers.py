@@ -157,10 +157,10 @@ def test_expanding_baseline_grows_one_frozen_branch_per_session():
 def test_expanding_baseline_through_three_sessions(tmp_path, monkeypatch):
     """A tiny pipeline with expanding_mlp: session s stores s g_inc branches; a branch never changes after its
     own session (bit for bit), and the suppression acts on the newest branch's output."""
-    import pipeline.training.incremental_session as incremental_session
+    import pipeline.training.session_step as session_step
 
     used = []
-    targets = dict(incremental_session.SUPPRESSION_TARGETS)
+    targets = dict(session_step.SUPPRESSION_TARGETS)
 
     def recorded(name):
         def target(aux, mu_inc):
@@ -168,7 +168,7 @@ def test_expanding_baseline_through_three_sessions(tmp_path, monkeypatch):
             return targets[name](aux, mu_inc)
         return target
 
-    monkeypatch.setattr(incremental_session, "SUPPRESSION_TARGETS", {name: recorded(name) for name in targets})
+    monkeypatch.setattr(session_step, "SUPPRESSION_TARGETS", {name: recorded(name) for name in targets})
     from pipeline.training.checkpoint import load_checkpoint, unprefixed
     from stages.paths import StagePaths
     from tests.pipeline_fixtures import NUM_SESSIONS, run_pipeline, write_params
