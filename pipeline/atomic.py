@@ -1,9 +1,13 @@
-"""Atomic outputs: a stage writes into a temporary sibling and moves it into place only on success.
+"""Outputs: written into a temporary sibling and moved into place only on success, and never over what the user owns.
 
 A killed or failed stage therefore leaves either the previous complete output or nothing at the
 final path, never a half-written file a later stage would pick up. Temporaries are named
 `.<name>.tmp-<pid>` next to the target (same filesystem, so the final rename is atomic) and are
 swept by the next run.
+
+A path the user names (`fscil export FILE`, `--out`) is checked before any work (`claim_file`, `claim_folder`): it is
+replaced only when it holds what that command writes (a model file by a model file, a folder the command marked as
+its own with OWNER_FILE); a folder of the user's, the working folder, its parents and a repository root never are.
 """
 
 from __future__ import annotations
@@ -11,12 +15,64 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pipeline.errors import FSCILError
 
 _TMP_TAG = ".tmp-"
+OWNER_FILE = ".fscil-output"  # in a folder a command wrote: the command's name
+
+
+def _refuse_protected(path: Path, command: str) -> None:
+    """The working folder, a folder above it, the home folder and a repository's root are never an output."""
+    resolved, here = path.resolve(), Path.cwd().resolve()
+    if resolved == here or resolved in here.parents or resolved == Path.home().resolve():
+        raise FSCILError(f"{path}: is {'the working folder' if resolved == here else 'a folder above the working one'}"
+                         f"; `{command}` never writes over it (name a new file or folder)")
+    if resolved.is_dir() and ((resolved / ".git").exists() or (resolved / "dvc.yaml").is_file()):
+        raise FSCILError(f"{path}: is a repository's root; `{command}` never writes over it (name a new file or "
+                         "folder)")
+
+
+def claim_file(target: str | os.PathLike, command: str, what: str, is_ours: Callable[[Path], bool]) -> Path:
+    """Check, before any work, that `command` may write its file (`what`, e.g. "a model written by fscil export") at
+    `target`: a new path, or an existing file that `is_ours` recognises. A folder or another file is refused."""
+    target = Path(target)
+    _refuse_protected(target, command)
+    if target.is_dir():
+        raise FSCILError(f"{target}: is a folder; `{command}` writes {what} there (name a file, e.g. "
+                         f"{target / 'NAME'})")
+    if (target.exists() or target.is_symlink()) and not is_ours(target):
+        raise FSCILError(f"{target}: exists and is not {what}; nothing was replaced (remove it or name another file)")
+    return target
+
+
+def claim_folder(folder: str | os.PathLike, command: str) -> Path:
+    """Check, before any work, that `command` may write its output folder at `folder`: a new or empty folder, or one
+    whose OWNER_FILE names `command` (what `mark_folder` leaves). Anything else is refused, nothing touched."""
+    folder = Path(folder)
+    _refuse_protected(folder, command)
+    if folder.exists() and not folder.is_dir():
+        raise FSCILError(f"{folder}: is a file; `{command}` writes a folder there (name a new folder)")
+    if folder.is_dir() and any(folder.iterdir()) and owner(folder) != command:
+        raise FSCILError(f"{folder}: a folder that `{command}` did not write (no {OWNER_FILE} naming it); nothing was "
+                         "touched (name a new or empty folder)")
+    return folder
+
+
+def owner(folder: Path) -> str | None:
+    path = Path(folder) / OWNER_FILE
+    return path.read_text().strip() if path.is_file() else None
+
+
+def mark_folder(folder: str | os.PathLike, command: str) -> Path:
+    """Create `folder` (with its parents) as `command`'s own: a later run of `command` may replace or reuse it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if owner(folder) != command:
+        (folder / OWNER_FILE).write_text(command + "\n")
+    return folder
 
 
 def _remove(path: Path) -> None:
@@ -33,10 +89,11 @@ def sweep_temporaries(target: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_output(target: str | os.PathLike, *, directory: bool = False) -> Iterator[Path]:
+def atomic_output(target: str | os.PathLike, *, directory: bool = False, owner: str | None = None) -> Iterator[Path]:
     """Yield a temporary path to write `target` into; it replaces `target` only if the block succeeds.
 
-    directory: create the temporary as an (empty) directory, for outputs that are folders.
+    directory: create the temporary as an (empty) directory, for outputs that are folders; owner: the command whose
+    folder it is (marked with OWNER_FILE; check the target with `claim_folder` first).
     """
     target = Path(target)
     try:
@@ -47,6 +104,8 @@ def atomic_output(target: str | os.PathLike, *, directory: bool = False) -> Iter
     tmp = target.parent / f".{target.name}{_TMP_TAG}{os.getpid()}"
     if directory:
         tmp.mkdir()
+        if owner:
+            mark_folder(tmp, owner)
     try:
         yield tmp
     except BaseException:

@@ -4,9 +4,10 @@
 PyTorch's CPU kernels pick their code path by the CPU they find: ATen's vectorised loops by ATEN_CPU_CAPABILITY
 (default / avx2 / avx512), oneDNN's convolutions by its ISA (ONEDNN_MAX_CPU_ISA), MKL's GEMM by its branch (MKL_CBWR).
 Different paths sum in different orders, and 200 epochs of training grow the last bits into other accuracies. The
-`fscil` command sets all three to AVX2 before torch is imported (`pin_cpu_kernels`): every x86-64 CPU with AVX2 (Intel
-since 2013, AMD since 2015) then runs the same code paths. Torch must not be imported before: each library reads its
-variable once, at its first use. Free of torch itself (the config code imports it).
+`fscil` command pins ATen and oneDNN to AVX2 and MKL to its COMPATIBLE branch, the one MKL honours on every vendor
+(it ignores AVX2 on AMD CPUs), before torch is imported (`pin_cpu_kernels`): every x86-64 CPU with AVX2 (Intel since
+2013, AMD since 2015) then runs the same code paths; `fscil doctor` checks a machine. Torch must not be imported
+before: each library reads its variable once, at its first use. Free of torch itself (the config code imports it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from collections.abc import MutableMapping
 
 # the variables and the values that pin each library's code path
-PORTABLE = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "AVX2,STRICT"}
+PORTABLE = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "COMPATIBLE,STRICT"}
 OPT_OUT = "FSCIL_CPU_KERNELS"  # =native: the fastest paths of this CPU (results then depend on the machine)
 
 

@@ -32,7 +32,7 @@ from stages.cli_common import (
     echo_line,
     launch_torchrun,
 )
-from stages.cli_tools import compare_runs, export, model_app, predict_images
+from stages.cli_tools import compare_runs, doctor, export, model_app, predict_images
 
 app = typer.Typer(help="Mamba-FSCIL: few-shot class-incremental learning with a dual selective SSM projector.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -44,6 +44,7 @@ app.add_typer(config_app, name="config")
 app.command("export")(export)
 app.command("predict")(predict_images)
 app.command("compare")(compare_runs)
+app.command("doctor")(doctor)
 
 
 @stage_app.command("config")

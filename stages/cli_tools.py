@@ -238,6 +238,33 @@ def _write_scan_grid(out: Path, device: str, repeats: int, scans: tuple[str, ...
     typer.echo(f"wrote {out / 'scan_grid.csv'}; paste the rows above into MEASURED in pipeline/ops/scan_dispatch.py")
 
 
+def doctor(params: ParamsOpt = Path("params.yaml"), overrides: SetOpt = None,
+           reference: Annotated[Path | None, typer.Option(help="The reference digests (default: the committed one, "
+                                                          "pipeline/doctor_reference.txt).")] = None,
+           write: Annotated[bool, typer.Option("--write", help="Write this machine's digests as the reference "
+                                               "(on the machine that makes the committed metrics.json).")] = False
+           ) -> None:
+    """Whether this machine computes the committed numbers bit for bit: digests of the CPU kernels and of one
+    training step of the run's network against the reference. One line; exit 0 when they are equal, 3 when not
+    (the line names the first kernel or module that differs)."""
+    from pipeline import doctor as dr
+
+    cfg = _config(params, overrides)
+    path = reference or dr.REFERENCE
+    mine = _run("doctor", dr.probe, cfg, timed=False)
+    if write:
+        from pipeline.atomic import atomic_write_text
+
+        atomic_write_text(path, mine.text())
+        typer.echo(f"wrote {path}: {len(mine.digests)} digests ({mine.header['cpu']}, "
+                   f"{mine.header['threads']} threads)")
+        return
+    same, line = _run("doctor", lambda: dr.verdict(mine, dr.Probe.read(path)), timed=False)
+    typer.echo(line)
+    if not same:
+        raise typer.Exit(3)
+
+
 def compare_runs(rows: Annotated[list[str] | None, typer.Argument(
         help="Rows of `dvc exp show` by name: an experiment, a branch (main), a commit, or workspace; none: all.")]
                  = None,
