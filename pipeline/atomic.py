@@ -35,16 +35,17 @@ def _refuse_protected(path: Path, command: str) -> None:
                          "folder)")
 
 
-def claim_file(target: str | os.PathLike, command: str, what: str, is_ours: Callable[[Path], bool]) -> Path:
-    """Check, before any work, that `command` may write its file (`what`, e.g. "a model written by fscil export") at
-    `target`: a new path, or an existing file that `is_ours` recognises. A folder or another file is refused."""
+def claim_file(target: str | os.PathLike, command: str, what: str, is_ours: Callable[[Path], bool],
+               example: str = "NAME") -> Path:
+    """Check, before any work, that `command` may write its file (`what`, e.g. "a model file") at `target`: a new
+    path, or an existing file that `is_ours` recognises as one `command` wrote. A folder or another file is refused."""
     target = Path(target)
     _refuse_protected(target, command)
     if target.is_dir():
-        raise FSCILError(f"{target}: is a folder; `{command}` writes {what} there (name a file, e.g. "
-                         f"{target / 'NAME'})")
+        raise FSCILError(f"{target}: is a folder; `{command}` writes {what} (name a file, e.g. {target / example})")
     if (target.exists() or target.is_symlink()) and not is_ours(target):
-        raise FSCILError(f"{target}: exists and is not {what}; nothing was replaced (remove it or name another file)")
+        raise FSCILError(f"{target}: exists and is not {what} written by `{command}`; nothing was replaced (remove it "
+                         "or name another file)")
     return target
 
 
@@ -120,6 +121,10 @@ def atomic_output(target: str | os.PathLike, *, directory: bool = False, owner: 
         os.replace(tmp, target)
         _remove(old)
     else:
+        if tmp.is_file():  # the user's umask, not the 0600 some writers give their files
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, target)
 
 

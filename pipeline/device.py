@@ -18,7 +18,7 @@ def resolved_device_name(name: str) -> str:
     return name
 
 
-def resolve_device(name: str, deterministic: bool = True) -> torch.device:
+def resolve_device(name: str, deterministic: bool = True, source: str = "params: device") -> torch.device:
     """"auto" picks CUDA when there is one (this process's local rank under torchrun), else the CPU. A CUDA device
     is also set up for `deterministic` (`configure_cuda`); the CPU needs nothing (its results depend on the thread
     count alone, params `threads`)."""
@@ -27,10 +27,10 @@ def resolve_device(name: str, deterministic: bool = True) -> torch.device:
         name = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise FSCILError(f"params: device {name} asked for but no CUDA device is available")
+            raise FSCILError(f"{source} {name} asked for but no CUDA device is available")
         count = torch.cuda.device_count()
         if torch.device(name).index >= count:
-            raise FSCILError(f"params: device {name} asked for but this machine has {count} CUDA device(s) "
+            raise FSCILError(f"{source} {name} asked for but this machine has {count} CUDA device(s) "
                              f"(under torchrun: --nproc-per-node {count} at most)")
         configure_cuda(deterministic)
     return torch.device(name)

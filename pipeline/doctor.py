@@ -153,9 +153,19 @@ class Probe:
             first, *rest = Path(path).read_text().splitlines()
             header = json.loads(first.removeprefix("# "))
             digests = [tuple(line.rsplit(": ", 1)) for line in rest if line.strip()]
-        except (OSError, ValueError) as err:
+            if not isinstance(header, dict) or "threads" not in header or any(len(d) != 2 for d in digests):
+                raise ValueError("no header or digest lines")
+        except (OSError, ValueError, UnicodeDecodeError) as err:
             raise FSCILError(f"{path}: not a reference written by `fscil doctor --write` ({err})") from None
         return cls(header, digests)  # type: ignore[arg-type]
+
+
+def is_reference(path: Path) -> bool:
+    try:
+        Probe.read(path)
+    except FSCILError:
+        return False
+    return True
 
 
 def probe(cfg) -> Probe:

@@ -3,6 +3,7 @@ diagnostics per session, ||Z_inc|| histograms and a t-SNE of the final features 
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,7 +50,7 @@ def plot_empty(path: Path, title: str, why: str) -> None:
 def _sessions_axis(ax, sessions, ylabel: str, title: str) -> None:
     ax.set_xlabel("session")
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 60), fontsize=10)  # a run's long title on two lines, not cut at the edge
     ax.set_xticks(list(sessions))
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from contextlib import AbstractContextManager
 
 PRECISIONS = ("fp32", "bf16")
-# README "Two profiles": name -> (params deterministic, params precision)
+# docs/gpu.md "Two profiles": name -> (params deterministic, params precision)
 PROFILES = {"exact": (True, "fp32"), "fast": (False, "bf16")}
 
 

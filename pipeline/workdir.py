@@ -9,17 +9,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from pipeline.atomic import claim_folder, mark_folder
 from pipeline.errors import FSCILError
 
 LOCK_FILE = ".lock"
 
 
 @contextmanager
-def locked(folder: Path) -> Iterator[Path]:
-    """Create `folder` and hold an exclusive lock on it: a second process on the same folder stops at once with one
-    line (it never touches the first one's scratch files). The lock goes with the process, also when it is killed."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+def locked(folder: Path, command: str) -> Iterator[Path]:
+    """Create `folder` as `command`'s work folder (a folder of the user's is refused: `claim_folder`) and hold an
+    exclusive lock on it: a second process on the same folder stops at once with one line (it never touches the
+    first one's scratch files). The lock goes with the process, also when it is killed."""
+    folder = mark_folder(claim_folder(folder, f"{command} (work)"), f"{command} (work)")
     handle = open(folder / LOCK_FILE, "a+")  # noqa: SIM115 - held for the whole block
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

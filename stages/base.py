@@ -10,9 +10,11 @@ from stages.paths import StagePaths
 
 
 def run(cfg: Config, paths: StagePaths, show_progress: bool = True) -> dict:
-    """Writes data/base/{model.safetensors, metrics.json}; under torchrun only rank 0 writes."""
+    """Writes data/base/{model.safetensors, metrics.json} and data/curves/base.csv; under torchrun only rank 0
+    writes."""
     if not paths.pack.is_file():
         raise FSCILError(f"{paths.pack} does not exist; run `fscil stage prepare` first")
     with ImagePack.open(paths.pack) as pack:
         check_against_data(cfg, pack.protocol)
-    return base_stage(cfg, paths.pack, paths.base, paths.base_checkpoints, show_progress=show_progress)
+    return base_stage(cfg, paths.pack, paths.base, paths.base_checkpoints, show_progress=show_progress,
+                      curve=paths.base_curve)

@@ -32,12 +32,14 @@ from stages.cli_common import (
     echo_line,
     launch_torchrun,
 )
-from stages.cli_tools import compare_runs, doctor, export, model_app, predict_images
+from stages.cli_tools import compare_runs, doctor, export, model_app, predict_images, show
 
 app = typer.Typer(help="Mamba-FSCIL: few-shot class-incremental learning with a dual selective SSM projector.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
-stage_app = typer.Typer(help="Run one pipeline stage (what `dvc repro` runs).", no_args_is_help=True)
-config_app = typer.Typer(help="Inspect the resolved configuration.", no_args_is_help=True)
+                  no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  add_completion=False)
+stage_app = typer.Typer(help="Run one pipeline stage (what `dvc repro` runs).", no_args_is_help=True,
+                        rich_markup_mode=None)
+config_app = typer.Typer(help="Inspect the resolved configuration.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(stage_app, name="stage")
 app.add_typer(model_app, name="model")
 app.add_typer(config_app, name="config")
@@ -45,6 +47,7 @@ app.command("export")(export)
 app.command("predict")(predict_images)
 app.command("compare")(compare_runs)
 app.command("doctor")(doctor)
+app.command("show")(show)
 
 
 @stage_app.command("config")
@@ -136,9 +139,12 @@ def report(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path(
            overrides: SetOpt = None) -> None:
     """Per-session table (data/report/sessions.csv), plots and metrics.json (AVG, PD, final), each naming the preset,
     variant and seed that ran."""
+    from pipeline.atomic import claim_file
     from stages import report as stage
 
     cfg = _config(params, overrides)
+    _run("report", claim_file, metrics, "fscil stage report", "a metrics file",
+         stage.is_metrics, timed=False)
     summary = _run("report", stage.run, _paths(data_dir), metrics, cfg)
     typer.echo(f"{summary['method']}, seed {summary['seed']}")
     typer.echo(" ".join(f"{k}={v:.2f}" for k, v in summary["sessions"].items()))
@@ -181,22 +187,25 @@ def speed(params: ParamsOpt = Path("params.yaml"), overrides: SetOpt = None,
     without its dataset; -S base.epochs=N shortens the base stage (seconds per epoch scale to the preset's)."""
     import shutil
 
-    from pipeline.atomic import atomic_output
+    from pipeline.atomic import atomic_output, claim_folder, mark_folder
     from pipeline.research.speed import device_label, speed_markdown, time_stages
     from pipeline.training.runtime import run_device
 
     cfg = _config(params, overrides)
-    out = _project_path(out)
-    work = out.with_name(out.name + ".work")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    out = _run("speed", claim_folder, _project_path(out), "fscil speed", timed=False)
+    work = _run("speed", claim_folder, out.with_name(out.name + ".work"), "fscil speed (work)", timed=False)
+    if pack_cache is not None:
+        pack_cache = mark_folder(_run("speed", claim_folder, pack_cache, "fscil speed (pack cache)", timed=False),
+                                 "fscil speed (pack cache)")
+    shutil.rmtree(work, ignore_errors=True)  # a scratch folder of an earlier speed run (claimed above)
+    mark_folder(work, "fscil speed (work)")
     try:
         table = _run("speed", time_stages, cfg, work, echo_line, pack_cache)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
     text = speed_markdown(table, cfg, device_label(run_device(cfg)))
-    with atomic_output(out, directory=True) as tmp:
+    with atomic_output(out, directory=True, owner="fscil speed") as tmp:
         table.to_csv(tmp / "speed.csv", index=False)
         (tmp / "speed.md").write_text(text)
     typer.echo(text + f"wrote {out / 'speed.csv'} and {out / 'speed.md'}")
@@ -229,34 +238,44 @@ def study(variants: Annotated[str, typer.Option(help="Comma-separated variants (
 
 
 @config_app.command("show")
-def config_show(params: ParamsOpt = Path("params.yaml"), overrides: SetOpt = None,
+def config_show(keys: Annotated[list[str] | None, typer.Argument(
+                    help="Keys or sections to print (incremental.lr, model); none: all.")] = None,
+                params: ParamsOpt = Path("params.yaml"), overrides: SetOpt = None,
                 origin: Annotated[bool, typer.Option("--origin", help="Each value with the layer it came from.")]
                 = False) -> None:
     """Print the configuration that runs: params.yaml and -S over its preset and variant."""
     import yaml
 
-    cfg = _config(params, overrides)
-    if not origin:
-        typer.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        return
     from pipeline.config import flatten
 
+    cfg = _config(params, overrides)
     values = flatten({**cfg.to_dict(), "sessions": cfg.sessions}, "config")
+    if keys:
+        unknown = [k for k in keys if not any(v == k or v.startswith(f"{k}.") for v in values)]
+        if unknown:
+            _fail(f"no key {', '.join(unknown)} (`fscil config keys` lists them)", FSCILError.exit_code)
+        values = {v: x for v, x in values.items() if any(v == k or v.startswith(f"{k}.") for k in keys)}
+    if not origin and not keys:
+        typer.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        return
     width = min(48, max(len(f"{k}: {_value(v)}") for k, v in values.items()))
     for key, value in values.items():
-        typer.echo(f"{f'{key}: {_value(value)}':<{width}}  # {cfg.origins.get(key, 'default')}")
+        line = f"{key}: {_value(value)}"
+        typer.echo(f"{line:<{width}}  # {cfg.origins.get(key, 'default')}" if origin else line)
 
 
 @config_app.command("keys")
 def config_keys(out: Annotated[Path | None, typer.Option(help="Write the table here (docs/keys.md) instead of "
                                                              "printing it.")] = None) -> None:
     """Every configuration key: default, the stages that read it, whether `fscil select` searches it, what it does."""
-    from pipeline.atomic import atomic_write_text
-    from pipeline.config_docs import keys_table
+    from pipeline.atomic import atomic_write_text, claim_file
+    from pipeline.config_docs import KEYS_TITLE, keys_table
 
     if out is None:
         typer.echo(keys_table(), nl=False)
         return
+    _run("config keys", claim_file, out, "fscil config keys", "a key table",
+         lambda p: p.is_file() and p.read_text(errors="replace").startswith(KEYS_TITLE), timed=False)
     atomic_write_text(out, keys_table())
     typer.echo(f"wrote {out}")
 
@@ -295,6 +314,11 @@ def config_sessions(count: Annotated[int, typer.Option("--count", help="Incremen
     typer.echo(yaml.safe_dump({"sessions": session_map(count)}, sort_keys=False, default_style=None).rstrip())
 
 
+try:  # the click that typer runs on: its own copy since typer 0.2x
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - typer on the installed click
+    from click import exceptions as click_errors
+
 _STATE = {"debug": False}  # set by the --debug option before any command runs
 
 
@@ -313,7 +337,21 @@ def main(argv: list[str] | None = None) -> None:
     if "torch" not in sys.modules:  # a caller that already imported torch (tests, notebooks) keeps its kernels
         pin_cpu_kernels()
     try:
-        app(args=argv)
+        code = app(args=argv, standalone_mode=False)
+        if isinstance(code, int):  # typer.Exit(code) from a command
+            sys.exit(code)
+    except click_errors.NoArgsIsHelpError as err:  # `fscil`, `fscil stage`: the help
+        typer.echo(err.ctx.get_help())
+    except click_errors.UsageError as err:  # a wrong option, value or command: one line, exit 2
+        where = f" (`{err.ctx.command_path} --help`)" if err.ctx is not None else ""
+        typer.echo(f"error: {' '.join(err.format_message().split())}{where}", err=True)
+        sys.exit(2)
+    except click_errors.ClickException as err:
+        typer.echo(f"error: {' '.join(err.format_message().split())}", err=True)
+        sys.exit(err.exit_code)
+    except typer.Abort:
+        typer.echo("error: aborted", err=True)
+        sys.exit(130)
     except FSCILError as err:
         typer.echo(f"error: {err}", err=True)
         sys.exit(FSCILError.exit_code)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Annotated
@@ -11,14 +12,16 @@ import typer
 
 from pipeline.errors import FSCILError
 
-ParamsOpt = Annotated[Path, typer.Option("--params", help="params.yaml to read.")]
+ParamsOpt = Annotated[Path, typer.Option("--params", metavar="FILE", help="params.yaml to read.")]
 SetOpt = Annotated[list[str] | None, typer.Option(
-    "--set", "-S", help="Override one value: -S section.key=value (repeatable; `dvc exp run -S` syntax).")]
-DataDirOpt = Annotated[Path, typer.Option("--data-dir", help="Directory of the pipeline's artifacts.")]
+    "--set", "-S", metavar="KEY=VALUE",
+    help="Override one value: -S section.key=value (repeatable; `dvc exp run -S` syntax).")]
+DataDirOpt = Annotated[Path, typer.Option("--data-dir", metavar="DIR", help="Directory of the pipeline's artifacts.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars (progress lines stay).")]
 ReuseStaleOpt = Annotated[bool, typer.Option("--reuse-stale", help="Reuse stored runs made by other code.")]
-JobsOpt = Annotated[int, typer.Option("--jobs", "-j", help="Runs at once, each its own process (one GPU each when "
-                                                        "several are visible; same results as one).")]
+JobsOpt = Annotated[int, typer.Option(
+    "--jobs", "-j", metavar="N",
+    help="Runs at once, each its own process (one GPU each when several are visible; same results as one).")]
 
 
 def _project_path(path: Path) -> Path:
@@ -36,13 +39,18 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
-def _run(name: str, fn, *args, timed: bool = True, **kwargs):
-    """Run a stage function with one-line errors and (for stages) a timing summary on stderr."""
+def _run(name: str, fn, *args, timed: bool = True, flags: tuple[str, ...] = (), **kwargs):
+    """Run a stage function with one-line errors and (for stages) a timing summary on stderr. flags: the
+    command-line options that set config keys (`--k-paths` for model.k_paths): an error about such a key names the
+    option, not params."""
     started = time.time()
     try:
         result = fn(*args, **kwargs)
     except FSCILError as err:
-        _fail(str(err).splitlines()[0] if str(err) else type(err).__name__, FSCILError.exit_code)
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        for flag in flags:
+            message = re.sub(rf"^params: \w+\.{flag[2:].replace('-', '_')}\b", flag, message)
+        _fail(message, FSCILError.exit_code)
     except KeyboardInterrupt:
         _fail(f"{name} interrupted; nothing was written", 130)
     if timed:
@@ -53,6 +61,9 @@ def _run(name: str, fn, *args, timed: bool = True, **kwargs):
 def _config(params: Path, overrides: list[str] | None = None):
     from pipeline.config import load_config
 
+    if not Path(params).exists():
+        _fail(f"{params}: no such file in {Path.cwd()}; run fscil from the repository's root, or pass --params FILE "
+              "(and --data-dir DIR)", FSCILError.exit_code)
     try:
         cfg = load_config(params, overrides or ())
     except FSCILError as err:

@@ -12,7 +12,7 @@ import typer
 from pipeline.errors import FSCILError
 from stages.cli_common import DataDirOpt, ParamsOpt, SetOpt, _config, _fail, _paths, _run
 
-model_app = typer.Typer(help="Inspect the model.", no_args_is_help=True)
+model_app = typer.Typer(help="Inspect the model.", no_args_is_help=True, rich_markup_mode=None)
 
 
 def _trained(session: int | None, model: Path | None, params: Path, data_dir: Path, overrides: list[str] | None):
@@ -20,6 +20,9 @@ def _trained(session: int | None, model: Path | None, params: Path, data_dir: Pa
     from pipeline.training import apply
 
     if model is not None:
+        if session is not None:
+            _fail("give --session N (the model of this run's session N) or --model FILE (an exported model), not both",
+                  FSCILError.exit_code)
         return _run("load", apply.load_exported, model, timed=False)
     if session is None:
         _fail("give --session N (0: the base model) or --model FILE (from `fscil export`)", FSCILError.exit_code)
@@ -37,9 +40,11 @@ def export(out: Annotated[Path, typer.Argument(help="The .safetensors file to wr
            data_dir: DataDirOpt = Path("data"), overrides: SetOpt = None) -> None:
     """Write the model after session N as one self-contained safetensors file (all tensors, the classes seen, the
     image preprocessing, config digest and code version) that `fscil predict --model` reads."""
+    from pipeline.atomic import claim_file
     from pipeline.code_version import code_version
     from pipeline.training import apply
 
+    _run("export", claim_file, out, "fscil export", "a model file", apply.is_export, "model.safetensors", timed=False)
     trained = _trained(session, None, params, data_dir, overrides)
     _run("export", apply.export_model, trained, out, code_version(), timed=False)
     typer.echo(f"{out}: {apply.describe(trained)}")
@@ -53,20 +58,24 @@ def predict_images(images: Annotated[list[Path], typer.Argument(help="Image file
                    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
                    params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"),
                    overrides: SetOpt = None) -> None:
-    """The class of each image (name and softmax score over the seen classes) under the model after session N of
-    this run (--session, from the stage outputs) or of an exported file (--model), with the test images'
-    preprocessing."""
+    """The class of each image and its score under the model after session N of this run (--session, from the stage
+    outputs) or of an exported file (--model), with the test images' preprocessing. The score is the cosine to the
+    class's ETF vertex (what the DR loss trains to 1), or the softmax probability of a linear head."""
     import pandas as pd
 
-    from pipeline.atomic import atomic_output
+    from pipeline.atomic import atomic_output, claim_file
     from pipeline.device import resolve_device
     from pipeline.training import apply
 
+    if out is not None:
+        _run("predict", claim_file, out, "fscil predict", "a CSV file", apply.is_prediction_csv,
+             "predictions.csv",
+             timed=False)
     trained = _trained(session, model, params, data_dir, overrides)
     files = _run("predict", apply.image_files, images, timed=False)
-    rows = _run("predict", apply.predict_files, trained, files, _run("predict", resolve_device, device, timed=False),
-                timed=False)
-    table = pd.DataFrame(rows, columns=["path", "class_id", "class", "score", "skipped"])
+    rows = _run("predict", apply.predict_files, trained, files,
+                _run("predict", resolve_device, device, source="--device", timed=False), timed=False)
+    table = pd.DataFrame(rows, columns=["path", "class_id", "class", trained.head.score, "skipped"])
     table["class_id"] = table["class_id"].astype("Int64")
     for row in rows:
         if row["skipped"]:
@@ -79,6 +88,10 @@ def predict_images(images: Annotated[list[Path], typer.Argument(help="Image file
         skipped = sum(bool(r["skipped"]) for r in rows)
         typer.echo(f"{out}: {len(rows) - skipped} images predicted, {skipped} skipped, {apply.describe(trained)}",
                    err=True)
+
+
+SUMMARY_FLAGS = ("--backbone", "--widths", "--dim", "--d-state", "--dt-rank", "--k-paths", "--ssm-branch",
+                 "--classifier")
 
 
 @model_app.command("summary")
@@ -103,11 +116,15 @@ def model_summary(
     from pipeline.research.summary import summarise_model
 
     kinds = list(PROJECTOR_KINDS) if projector == "all" else (projector.split(",") if projector else [None])
+    unknown = [k for k in kinds if k is not None and k not in PROJECTOR_KINDS]
+    if unknown:
+        _fail(f"--projector must be one or more of {', '.join(PROJECTOR_KINDS)} (comma separated) or all, got "
+              f"{', '.join(unknown)}", FSCILError.exit_code)
     overrides = {"backbone": backbone, "dim": dim, "d_state": d_state, "dt_rank": dt_rank,
                  "k_paths": k_paths, "ssm_branch": ssm_branch, "classifier": classifier,
                  "backbone_widths": [int(w) for w in widths.split(",")] if widths else None}
     summaries = [_run("model summary", summarise_model, preset, {**overrides, "projector": kind}, num_classes,
-                      input_size, timed=False) for kind in kinds]
+                      input_size, timed=False, flags=SUMMARY_FLAGS) for kind in kinds]
     if as_json:
         typer.echo(json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2))
         return
@@ -139,11 +156,13 @@ def model_benchmark(
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
 ) -> None:
     """Median forward and forward+backward time of one projector branch (g_base / g_inc) on random maps."""
+    from pipeline.device import resolve_device
     from pipeline.research.benchmark import benchmark_branch
 
     overrides = {"dim": dim, "d_state": d_state, "dt_rank": dt_rank, "projector": projector}
+    _run("model benchmark", resolve_device, device, source="--device", timed=False)
     typer.echo(json.dumps(_run("model benchmark", benchmark_branch, preset, overrides, batch, channels, hw,
-                               repeats, device, timed=False)))
+                               repeats, device, timed=False, flags=("--dim", "--d-state", "--dt-rank", "--projector"))))
 
 
 @model_app.command("cost")
@@ -161,7 +180,7 @@ def model_cost(
     scans: Annotated[str, typer.Option(help="Selective scans to time, comma separated (params `scan`; CUDA: "
                                             "torch,triton,mamba).")] = "auto",
     profile: Annotated[str, typer.Option(help="exact (deterministic, fp32) or fast (cuDNN autotuning, TF32, bf16): "
-                                              "the settings training runs under (README \"Two profiles\").")] = "exact",
+                                              "the settings training runs under (docs/gpu.md).")] = "exact",
     paper_table: Annotated[bool, typer.Option("--paper-table", help="The paper's projector profiling table instead "
                                               "(batch 8, four feature settings; out/paper_table.csv).")] = False,
     scan_grid: Annotated[bool, typer.Option("--scan-grid", help="The selective scans alone at the paper presets' "
@@ -175,23 +194,23 @@ def model_cost(
     paper's projector profiling table (Dual-MLP, Mamba-FSCIL, the expanding MLP's last session)."""
     import torch
 
-    from pipeline.atomic import atomic_output
+    from pipeline.atomic import atomic_output, claim_folder, mark_folder
     from pipeline.device import resolve_device
     from pipeline.precision import PROFILES
     from pipeline.research.benchmark import cost_curves, paper_profile, plot_cost_curves, preset_map
 
     if profile not in PROFILES:
         _fail(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}", FSCILError.exit_code)
+    out = mark_folder(_run("model cost", claim_folder, out, "fscil model cost", timed=False), "fscil model cost")
     deterministic, precision = PROFILES[profile]
     if device.startswith("cuda"):
-        _run("model cost", resolve_device, device, deterministic, timed=False)
+        _run("model cost", resolve_device, device, deterministic, source="--device", timed=False)
     if scan_grid:
         _write_scan_grid(out, device, repeats, tuple(scans.split(",")), profile)
         return
     if paper_table:
         table = _run("model cost", paper_profile, repeats, device, precision, tuple(scans.split(",")),
                      log=lambda line: typer.echo(line, err=True))
-        out.mkdir(parents=True, exist_ok=True)
         with atomic_output(out / "paper_table.csv") as tmp:
             table.assign(device=device, profile=profile).to_csv(tmp, index=False)
         typer.echo(table.to_markdown(index=False))
@@ -211,7 +230,6 @@ def model_cost(
     table = _run("model cost", cost_curves, preset, {}, projectors.split(","), channels, side, sessions, side_list,
                  batch, repeats, device, log=lambda line: typer.echo(line, err=True), scans=tuple(scans.split(",")),
                  precision=precision)
-    out.mkdir(parents=True, exist_ok=True)
     with atomic_output(out / "cost.csv") as tmp:
         table.assign(device=device, threads=threads, batch=batch, channels=channels, profile=profile).to_csv(
             tmp, index=False)
@@ -231,7 +249,6 @@ def _write_scan_grid(out: Path, device: str, repeats: int, scans: tuple[str, ...
 
     table = _run("model cost", scan_grid, device, repeats, scans, log=lambda line: typer.echo(line, err=True))
     name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
-    out.mkdir(parents=True, exist_ok=True)
     with atomic_output(out / "scan_grid.csv") as tmp:
         table.assign(device=name, profile=profile).to_csv(tmp, index=False)
     typer.echo(grid_literal(name, datetime.date.today().isoformat(), grid_rows(table)))
@@ -251,10 +268,13 @@ def doctor(params: ParamsOpt = Path("params.yaml"), overrides: SetOpt = None,
 
     cfg = _config(params, overrides)
     path = reference or dr.REFERENCE
+    if write:
+        from pipeline.atomic import atomic_write_text, claim_file
+
+        _run("doctor", claim_file, path, "fscil doctor --write", "a digest reference",
+             dr.is_reference, timed=False)
     mine = _run("doctor", dr.probe, cfg, timed=False)
     if write:
-        from pipeline.atomic import atomic_write_text
-
         atomic_write_text(path, mine.text())
         typer.echo(f"wrote {path}: {len(mine.digests)} digests ({mine.header['cpu']}, "
                    f"{mine.header['threads']} threads)")
@@ -269,13 +289,30 @@ def compare_runs(rows: Annotated[list[str] | None, typer.Argument(
         help="Rows of `dvc exp show` by name: an experiment, a branch (main), a commit, or workspace; none: all.")]
                  = None,
                  metric: Annotated[list[str] | None, typer.Option(
-                     "--metric", "-m", help="A metrics.json key to show (repeatable; default: avg, pd, final, "
-                                            "base, prototype.backbone.avg).")] = None,
+                     "--metric", "-m", help="metrics.json keys or patterns to show ('sessions.*'; repeatable; "
+                                            "default: avg, pd, final, base, prototype.backbone.avg).")] = None,
                  all_commits: Annotated[bool, typer.Option(help="Rows of every commit, not only HEAD's.")] = False
                  ) -> None:
-    """The rows of `dvc exp show` side by side: the resolved values that differ between them, then their metrics."""
+    """The rows of `dvc exp show` side by side: the resolved values that differ between them, then their metrics.
+    Experiments still running or queued are left out (named on stderr)."""
     from pipeline.research.compare import HEADLINE, compare, exp_show_csv
 
-    table = compare(exp_show_csv(all_commits), rows or [], tuple(metric) if metric else HEADLINE)
+    table, unfinished = _run("compare", compare, exp_show_csv(all_commits), rows or [],
+                             tuple(metric) if metric else HEADLINE, timed=False)
+    if unfinished:
+        typer.echo(f"left out, no results yet: {', '.join(unfinished)}", err=True)
     table.columns.name = None
     typer.echo(table.to_string())
+
+
+def show(rows: Annotated[list[str] | None, typer.Argument(
+        help="Runs to show: workspace (the default), a commit or branch (main), or an experiment's name.")] = None
+         ) -> None:
+    """The per-session table of a run: accuracy on all seen / base / novel classes and the class-means baseline
+    (the backbone's nearest class mean), then AVG, PD and final, read from data/report/sessions.csv (nothing is
+    recomputed)."""
+    from pipeline.research.compare import sessions_at, show_text
+
+    for i, row in enumerate(rows or ["workspace"]):
+        text, source = _run("show", sessions_at, row, timed=False)
+        typer.echo(("\n" if i else "") + _run("show", show_text, text, source, timed=False))

@@ -36,5 +36,14 @@ class StagePaths:
         return self.data_dir / "sessions" / f"session_{session}"
 
     @property
+    def base_curve(self) -> Path:
+        """Base training's loss, lr and training accuracy per epoch (a DVC plot, written as it trains)."""
+        return self.data_dir / "curves" / "base.csv"
+
+    def session_curve(self, session: int) -> Path:
+        """Session N's loss terms and lr per step (a DVC plot, written as it trains)."""
+        return self.data_dir / "curves" / "sessions" / f"session_{session}.csv"
+
+    @property
     def report(self) -> Path:
         return self.data_dir / "report"

@@ -12,20 +12,29 @@ from pipeline.report import ARRAYS_FILE, write_report
 from stages.paths import StagePaths
 
 
-def _read(path: Path) -> dict:
+def _read(path: Path, stage: str) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise FSCILError(f"{path}: not found; run the stage that writes it first") from None
+        raise FSCILError(f"{path}: not found; run `{stage}` first (or `dvc repro`)") from None
     except json.JSONDecodeError:
         raise FSCILError(f"{path}: not valid JSON") from None
+
+
+def is_metrics(path: Path) -> bool:
+    """A metrics.json this stage wrote (a JSON object with the run's AVG)."""
+    try:
+        return "avg" in json.loads(Path(path).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def run(paths: StagePaths, metrics_path: Path, cfg) -> dict:
     """Collect session 0 (the base stage) and every incremental session of the protocol (all must be done, and made
     by the preset, variant and seed of `cfg`)."""
-    base = _read(paths.base / "metrics.json")
-    results = [base] + [_read(paths.session(s) / "metrics.json") for s in range(1, int(base["num_sessions"]))]
+    base = _read(paths.base / "metrics.json", "fscil stage base")
+    results = [base] + [_read(paths.session(s) / "metrics.json", f"fscil stage incremental --session {s}")
+                        for s in range(1, int(base["num_sessions"]))]
     for result in results[1:]:
         made = {k: result[k] for k in ("preset", "variant", "seed") if k in result}
         want = {"preset": cfg.preset, "variant": cfg.variant, "seed": cfg.seed}

@@ -16,7 +16,8 @@ from pipeline.config import load_config
 from pipeline.data.pack import ImagePack
 from pipeline.training.apply import export_model, load_exported, load_session_model, predict_arrays
 from pipeline.training.evaluate import session_metrics
-from tests.pipeline_fixtures import NUM_SESSIONS, cli
+from stages.paths import StagePaths
+from tests.pipeline_fixtures import NUM_SESSIONS, cli, run_stage, write_params
 
 CPU = torch.device("cpu")
 
@@ -41,7 +42,8 @@ def test_predictions_on_the_test_images_are_the_sessions_evaluation(tiny_run, se
     metrics = session_metrics(pred, labels, num_base, trained.num_seen)
     stored = json.loads(((paths.base if session == 0 else paths.session(session)) / "metrics.json").read_text())
     assert (metrics["acc"], metrics["per_class_acc"]) == (stored["acc"], stored["per_class_acc"])
-    assert np.all((scores > 1.0 / trained.num_seen) & (scores <= 1.0))  # the arg-max of a softmax
+    assert trained.head.score == "cosine"  # the ETF head: the cosine to the predicted class's vertex
+    assert np.all((scores >= -1.0) & (scores <= 1.0 + 1e-6))
 
 
 def test_export_then_predict_round_trip_through_the_cli(tiny_run, tmp_path):
@@ -110,7 +112,7 @@ def test_predict_skips_unreadable_files_reports_them_and_fails_only_when_nothing
     assert result.exit_code == 0, result.output
     assert result.output.count("skipped ") == 2 and "broken.png" in result.output and "notes.jpg" in result.output
     table = pd.read_csv(csv, keep_default_na=False)
-    assert list(table.columns) == ["path", "class_id", "class", "score", "skipped"]
+    assert list(table.columns) == ["path", "class_id", "class", "cosine", "skipped"]
     by_name = {Path(p).name: row for p, row in zip(table["path"], table.to_dict("records"), strict=True)}
     assert by_name["good0.png"]["skipped"] == "" and by_name["good1.png"]["class"] != ""
     assert "unreadable image" in by_name["broken.png"]["skipped"] and by_name["broken.png"]["class_id"] == ""
@@ -123,3 +125,52 @@ def test_predict_skips_unreadable_files_reports_them_and_fails_only_when_nothing
     (tmp_path / "empty").mkdir()
     result = cli("predict", str(tmp_path / "empty"), *source)
     assert result.exit_code == 2 and "no image files in" in result.output and result.output.count("\n") == 1
+
+
+def test_the_score_of_correct_images_stands_clearly_above_noise(tmp_path):
+    """The cosine the DR loss trains to 1 for the true class: test images the model gets right score far above
+    random-noise images (which the closed-set model must still give a class). A base model trained long enough to
+    classify (the shared tiny run's 3 epochs do not)."""
+    params = write_params(tmp_path / "params.yaml", base={"epochs": 40}, data={"train_per_class": 30},
+                          model={"backbone_widths": [16, 16, 32, 32], "dim": 32})
+    data = tmp_path / "data"
+    run_stage("prepare", params, data)
+    run_stage("base", params, data)
+    paths = StagePaths(data)
+    trained = load_session_model(load_config(params), paths.base, paths.pack, data / "sessions", 0)
+    with ImagePack.open(paths.pack) as pack:
+        ids = pack.protocol.test_ids_seen(0, pack.labels)
+        images, labels = pack.read_images(ids), pack.labels[ids]
+    pred, scores = predict_arrays(trained, images, CPU)
+    right = scores[pred == labels]
+    noise = np.random.default_rng(0).integers(0, 256, size=(len(images), *images.shape[1:]), dtype=np.uint8)
+    _, noise_scores = predict_arrays(trained, noise, CPU)
+    assert len(right) >= len(labels) // 4, len(right)  # twice chance (8 classes)
+    assert np.median(right) > np.median(noise_scores) + 0.1, (np.median(right), np.median(noise_scores))
+    assert np.mean(right > np.median(noise_scores)) >= 0.8
+
+
+def test_a_linear_head_scores_by_its_softmax_probability():
+    from pipeline.models.classifier import HEADS
+
+    logits = torch.tensor([[2.0, 0.0, -1.0]])
+    assert HEADS["linear"].confidence(logits).sum().item() == pytest.approx(1.0)
+    assert torch.equal(HEADS["etf"].confidence(logits), logits)  # no scale is defined for DR: the cosine itself
+
+
+def test_model_with_session_is_refused_and_a_file_given_twice_is_predicted_once(tiny_run, tmp_path):
+    root, params, paths = tiny_run
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    with ImagePack.open(paths.pack) as pack:
+        Image.fromarray(pack.read_images(pack.protocol.test_ids[:1])[0]).save(folder / "a.png")
+    source = ["--params", str(params), "--data-dir", str(paths.data_dir), "--device", "cpu"]
+    result = cli("predict", str(folder), str(folder / "a.png"), "--session", "1", *source)
+    assert result.exit_code == 0 and result.output.count("a.png") == 1, result.output
+    out = tmp_path / "m.safetensors"
+    assert cli("export", str(out), "--session", "1", *source[:4]).exit_code == 0
+    result = cli("predict", str(folder), "--session", "0", "--model", str(out), *source)
+    assert result.exit_code == 2 and "not both" in result.output
+    if not torch.cuda.is_available():  # a flag's error names the flag
+        result = cli("predict", str(folder), "--model", str(out), "--device", "cuda")
+        assert result.exit_code == 2 and "error: --device cuda:0 asked for" in result.output, result.output

@@ -22,9 +22,9 @@ MIXED = {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "mix_prob": 1.0}
 
 
 def test_read_losses_keeps_every_step_and_names_the_first_non_finite_one():
-    pending = [torch.tensor(0.5), torch.tensor(0.25)]
-    assert base_session.read_losses(pending, epoch=0, done=2) == [0.5, 0.25] and pending == []
-    pending = [torch.tensor(1.0), torch.tensor(math.nan), torch.tensor(math.inf)]
+    pending = [torch.tensor([0.5, 3.0]), torch.tensor([0.25, 4.0])]  # (loss, images right) per step
+    assert base_session.read_losses(pending, epoch=0, done=2) == [[0.5, 3.0], [0.25, 4.0]] and pending == []
+    pending = [torch.tensor([1.0, 0.0]), torch.tensor([math.nan, 1.0]), torch.tensor([math.inf, 2.0])]
     with pytest.raises(TrainingDiverged, match=r"^base training: non-finite loss at epoch 3 step 19; nothing written"):
         base_session.read_losses(pending, epoch=2, done=20)  # steps 18, 19, 20: the first bad one is 19
 
@@ -51,9 +51,14 @@ def test_a_base_step_reads_nothing_back_from_the_device(tiny_run):
                                      torch.Generator().manual_seed(0), torch.Generator().manual_seed(1))
     assert not torch.equal(batch[1], batch[2]) and bool((batch[3] < 1).all())  # mixed
     base_session.base_step(cfg, run, head, batch)  # the first step builds the optimizer state
+    with torch.no_grad():  # the logits this step sees (train-mode BatchNorm: batch statistics, as in the step)
+        logits = run.net(batch[0])[0]
     with DeviceReads() as mode:
-        loss = base_session.base_step(cfg, run, head, batch)
+        loss, correct = base_session.base_step(cfg, run, head, batch)
     assert mode.seen == [] and loss.shape == () and bool(torch.isfinite(loss))
+    # the training accuracy's count: images whose arg-max is the larger share of their mix
+    dominant = torch.where(batch[3] >= 0.5, batch[1], batch[2])
+    assert correct.item() == (logits.argmax(dim=1) == dominant).sum().item()
 
 
 def test_the_mixing_draws_come_from_the_host_generator_alone(tiny_run):
@@ -83,11 +88,12 @@ def test_an_epoch_reads_back_every_check_every_steps_and_averages_the_steps(tiny
     real_read, real_step = base_session.read_losses, base_session.base_step
     monkeypatch.setattr(base_session, "read_losses", lambda pending, *a: reads.append(len(pending)) or
                         real_read(pending, *a))
-    monkeypatch.setattr(base_session, "base_step", lambda *a: steps_losses.append(float(loss := real_step(*a)))
-                        or loss)
-    mean = base_session.train_epoch(cfg, run, 0, torch.device("cpu"), show_progress=False)
+    monkeypatch.setattr(base_session, "base_step", lambda *a: steps_losses.append((out := real_step(*a)).tolist())
+                        or out)
+    mean, accuracy = base_session.train_epoch(cfg, run, 0, torch.device("cpu"), show_progress=False)
     assert reads == [3] * (steps // 3) + ([steps % 3] if steps % 3 else [])
-    assert mean == round(sum(steps_losses) / steps, 6)
+    assert mean == round(sum(loss for loss, _ in steps_losses) / steps, 6)
+    assert accuracy == round(100 * sum(right for _, right in steps_losses) / (4 * steps), 4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

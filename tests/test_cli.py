@@ -110,3 +110,40 @@ def test_threads_param_pins_torch_threads(tmp_path, threads):
     params.write_text(yaml.safe_dump({"preset": "synthetic", "threads": 0}))
     result = cli("config", "show", "--params", str(params))
     assert result.exit_code == 2 and "threads must be a positive integer" in result.output
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["stage", "incremental", "--session", "abc"], "Invalid value for '--session'"),
+    (["stage", "incremental"], "Missing option '--session'"),
+    (["config", "show", "--nope"], "No such option: --nope"),
+    (["nosuch"], "No such command 'nosuch'"),
+    (["config", "show", "incremental.nosuch"], "no key incremental.nosuch"),
+    (["model", "summary", "--projector", "nosuch"], "--projector must be one or more of dual_ssm"),
+    (["model", "summary", "--k-paths", "3"], "--k-paths must be"),
+    (["predict", "x.png", "--device", "cuda:7", "--model", "m.safetensors"], "m.safetensors"),
+])
+def test_usage_errors_are_one_line_and_exit_2(argv, needle, capsys):
+    """What the `fscil` command prints (stages.cli.main, not typer's boxes): one line on stderr naming the flag."""
+    from stages.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and needle in err, err
+
+
+def test_config_show_prints_the_keys_asked_for():
+    result = cli("config", "show", "incremental.lr", "model.dim", "--origin")
+    assert result.exit_code == 0
+    assert [line.split(":")[0] for line in result.output.splitlines()] == ["model.dim", "incremental.lr"]
+
+
+def test_outside_the_repository_the_error_says_where_to_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = cli("config", "show")
+    assert result.exit_code == 2 and "run fscil from the repository's root, or pass --params FILE" in result.output
+
+
+def test_help_shows_flags_without_type_boxes():
+    result = cli("stage", "base", "--help")
+    assert "<bool>" not in result.output and "╭" not in result.output and "-q, --quiet" in result.output

@@ -73,7 +73,30 @@ def test_every_row_has_the_resolved_values_and_plots_diff_needs_no_cache(tmp_pat
     assert "error" not in plots.lower() and "warning" not in plots.lower(), plots
     assert (tmp_path / "plots" / "index.html").is_file()
 
-    table = _run([str(BIN / "fscil"), "compare", "main", "try-mlp"], tmp_path)
+    assert (tmp_path / "data" / "curves" / "base.csv").is_file()
+    html = (tmp_path / "plots" / "index.html").read_text()  # the training curves drawn, for both revisions
+    assert '"text": "base training"' in html and '"rev": "main", "field": "train_acc"' in html
+    assert '"rev": "try-mlp", "field": "train_acc"' in html and "curves/sessions/session_3.csv" in html
+
+    fscil = str(BIN / "fscil")
+    table = _run([fscil, "compare", "main", "try-mlp"], tmp_path)
     lines = {line.split()[0]: line.split()[1:] for line in table.splitlines()[1:]}
     assert lines["model.projector"] == ["dual_ssm", "mlp"] and lines["variant"] == ["mamba_fscil", "mlp_baseline"]
     assert "avg" in lines and "base.epochs" not in lines  # only what differs, and the metrics
+    sessions = _run([fscil, "compare", "main", "try-mlp", "-m", "sessions.*"], tmp_path)
+    assert [line.split()[0] for line in sessions.splitlines()[1:] if line.startswith("sessions.")] == [
+        f"sessions.s{s}" for s in range(4)]
+    typo = subprocess.run([fscil, "compare", "-m", "avgg"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
+    assert typo.returncode == 2 and typo.stderr.startswith("error: -m avgg: no such metric") and not typo.stdout
+
+    # fscil show: the per-session table of the workspace, the commit and the experiment, as sessions.csv holds it
+    shown = _run([fscil, "show", "workspace", "main", "try-mlp"], tmp_path)
+    blocks = shown.strip().split("\n\n")
+    assert [b.splitlines()[0].split("  (")[0] for b in blocks] == [
+        "mamba_fscil on synthetic, seed 0", "mamba_fscil on synthetic, seed 0", "mlp_baseline on synthetic, seed 0"]
+    exp = list(csv.DictReader(io.StringIO(_run(["git", "show", f"{named['try-mlp']['rev']}:data/report/sessions.csv"],
+                                               tmp_path))))
+    last = blocks[2].splitlines()[-2].split()
+    assert float(last[2]) == pytest.approx(float(exp[-1]["acc"]), abs=0.005)  # seen accuracy of the last session
+    assert blocks[2].splitlines()[-1].startswith(f"AVG {sum(float(r['acc']) for r in exp) / len(exp):.2f}")

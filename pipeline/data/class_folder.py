@@ -83,7 +83,10 @@ def class_folder_protocol(source: SourceDataset, base_classes: int | None, ways:
             raise FSCILError(f"{source.root}: {num_classes} classes cannot fill {sessions} sessions x {ways} ways "
                              "plus a base session")
     rng = np.random.default_rng(seed)
-    is_test = split_test(source.labels, test_fraction, rng, source.class_names)
+    try:
+        is_test = split_test(source.labels, test_fraction, rng, source.class_names)
+    except FSCILError as err:  # name the folder the class is in
+        raise FSCILError(f"{source.root}: {err}") from None
     order = rng.permutation(num_classes) if shuffle_classes else np.arange(num_classes)
     train_sessions = draw_sessions(source.labels, ~is_test, order, base_classes, ways, shots, sessions, rng,
                                    source.class_names)

@@ -100,12 +100,18 @@ class Head:
     classifier: type[nn.Module]
     loss: Callable[..., torch.Tensor]
     scaled: bool  # the authors' x10 (`dr_scale`) belongs to the DR loss only; CE x10 made the linear head diverge
+    score: str  # what `fscil predict` reports: "cosine" (DR has no softmax scale) or "probability" (CE's softmax)
+
+    def confidence(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (N, K) -> the score of each class under the loss the head trains with: the cosine itself for DR
+        (it regresses the true class's cosine to 1), the softmax probability for CE."""
+        return logits.softmax(dim=1) if self.score == "probability" else logits
 
     def loss_scale(self, dr_scale: float) -> float:
         return dr_scale if self.scaled else 1.0
 
 
 HEADS: dict[str, Head] = {
-    "etf": Head(ETFClassifier, dot_regression_loss, scaled=True),  # fixed ETF + DR (eq. loss_dr)
-    "linear": Head(LinearClassifier, cross_entropy_loss, scaled=False),  # learnable linear + CE (ETF ablation)
+    "etf": Head(ETFClassifier, dot_regression_loss, scaled=True, score="cosine"),  # fixed ETF + DR (eq. loss_dr)
+    "linear": Head(LinearClassifier, cross_entropy_loss, scaled=False, score="probability"),  # + CE (ETF ablation)
 }

@@ -284,7 +284,7 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
                 raise FSCILError(f"params: selection candidate {key}={value!r}: "
                                  f"{str(err).removeprefix('params: ')}") from None
     out_dir, work_dir = Path(out_dir), Path(work_dir or Path(out_dir) / "work")
-    with locked(work_dir):
+    with locked(work_dir, "fscil select"):
         run = _Selection(cfg, sel, pack_path, work_dir, log, reuse_stale, sum(len(v) for _, _, v, _ in order), jobs)
         return _select(run, order, full_order, fixed, out_dir)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.atomic import atomic_output, atomic_write_text
+from pipeline.atomic import atomic_output, atomic_write_text, claim_folder
 from pipeline.config import Config, build_config
 from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
@@ -95,7 +95,8 @@ def run_study(params: dict[str, Any], variants: list[str], seeds: list[int], out
     plan = [(variant, seed, build_config({**params, "variant": variant, "seed": seed}, overrides))
             for seed in seeds for variant in variants]
     work = out_dir.with_name(out_dir.name + ".work")
-    with locked(work):
+    claim_folder(out_dir, "fscil study")
+    with locked(work, "fscil study"):
         return _run_plan(plan, variants, out_dir, work, log, reuse_stale, jobs)
 
 

@@ -19,10 +19,11 @@ from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.data.source import decode_rgb, fit_shorter_side, fit_square
 from pipeline.errors import FSCILError
+from pipeline.models.classifier import HEADS, Head
 from pipeline.models.fscil import FSCILModel, build_model
-from pipeline.training.base_model import config_digest, load_base_model
-from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed
-from pipeline.training.incremental_session import SECTIONS, STATE_FILE, load_session_state
+from pipeline.training.base_model import config_digest, config_values, load_base_model
+from pipeline.training.checkpoint import load_checkpoint, prefixed, read_metadata, save_checkpoint, unprefixed
+from pipeline.training.incremental_session import SECTIONS, STATE_FILE, load_session_state, session_rerun
 
 EXPORT_KIND = "fscil-export"
 
@@ -43,6 +44,10 @@ class TrainedModel:
     def mode(self) -> str:
         return "base" if self.session == 0 else "incremental"
 
+    @property
+    def head(self) -> Head:
+        return HEADS[self.meta["model"]["classifier"]]
+
 
 def load_session_model(cfg, base_dir: Path, pack_path: Path, sessions_dir: Path, session: int) -> TrainedModel:
     """The model of session `session` (0: the base model) of the run `cfg` describes, from the stage outputs; a
@@ -62,7 +67,8 @@ def load_session_model(cfg, base_dir: Path, pack_path: Path, sessions_dir: Path,
             raise FSCILError(f"{path}: session {session} has not run; run `fscil stage incremental --session "
                              f"{session}` (or dvc repro)")
         state, meta = load_checkpoint(path, {"kind": "session", "session": session,
-                                            "config": config_digest(cfg, SECTIONS)})
+                                            "config": config_digest(cfg, SECTIONS)}, config_values(cfg, SECTIONS),
+                                      session_rerun(session))
         load_session_state(model.projector, model.classifier, state, cfg, session)
         num_seen = int(meta["num_seen"])
     return TrainedModel(model.eval(), session, num_seen, names[:num_seen], base_meta["preset"],
@@ -79,6 +85,23 @@ def export_model(trained: TrainedModel, path: Path, code_version: str) -> None:
         "num_classes": trained.meta["num_classes"], "class_names": trained.class_names, "model": model_cfg,
         "preset": trained.preset, "image_size": trained.image_size, "config": trained.meta["config"],
         "code_version": code_version})
+
+
+def is_export(path: Path) -> bool:
+    """A file `export_model` wrote."""
+    try:
+        return read_metadata(path).get("kind") == EXPORT_KIND
+    except FSCILError:
+        return False
+
+
+def is_prediction_csv(path: Path) -> bool:
+    """A CSV `fscil predict` wrote (its header)."""
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.readline().startswith("path,class_id,class,")
+    except OSError:
+        return False
 
 
 def load_exported(path: Path) -> TrainedModel:
@@ -112,31 +135,31 @@ def image_files(inputs: list[Path]) -> list[Path]:
             raise FSCILError(f"{item}: no such file or folder")
     if not files:
         raise FSCILError(f"no image files in {', '.join(map(str, inputs))}")
-    return files
+    seen: set[Path] = set()  # a file given directly and inside a folder is predicted once
+    return [f for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]
 
 
 @torch.no_grad()
 def predict_arrays(trained: TrainedModel, images: np.ndarray, device: torch.device, batch_size: int = 256,
                    extents: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """images (N, S, S, 3) uint8 as the model's pack stores them (extents: the shorter_side view's, else None) ->
-    (class ids, softmax scores of them)."""
+    (class ids, their scores: the cosine to the class's ETF vertex, or a linear head's softmax probability)."""
     preset = get_preset(trained.preset, trained.image_size)
     model = trained.model.to(device)
     ids, scores = [], []
     for start in range(0, len(images), batch_size):
         part = None if extents is None else torch.from_numpy(extents[start:start + batch_size]).to(device)
         x = test_transform(torch.from_numpy(images[start:start + batch_size]).to(device), preset, part)
-        probs = model(x, trained.num_seen, mode=trained.mode).float().softmax(dim=1)
-        score, idx = probs.max(dim=1)
+        score, idx = trained.head.confidence(model(x, trained.num_seen, mode=trained.mode).float()).max(dim=1)
         ids.append(idx.cpu())
         scores.append(score.cpu())
     return torch.cat(ids).numpy(), torch.cat(scores).numpy()
 
 
 def predict_files(trained: TrainedModel, files: list[Path], device: torch.device) -> list[dict]:
-    """One row per file: path, class id, class name, score (the softmax probability of that class over the seen
-    classes) and `skipped` (empty, or why the file was not predicted: unreadable or not an image). The readable files
-    are predicted whatever the others are; none readable is a one-line error."""
+    """One row per file: path, class id, class name, its score (column `cosine` or `probability`:
+    `TrainedModel.head.score`) and `skipped` (empty, or why the file was not predicted: unreadable or not an image).
+    The readable files are predicted whatever the others are; none readable is a one-line error."""
     preset = get_preset(trained.preset, trained.image_size)
     loaded, skipped = {}, {}
     for f in files:
@@ -156,9 +179,10 @@ def predict_files(trained: TrainedModel, files: list[Path], device: torch.device
     extents = None if preset.view != "shorter_side" else np.array([size for _, size in loaded.values()])
     ids, scores = predict_arrays(trained, images, device, extents=extents)
     done = {f: (int(i), float(s)) for f, i, s in zip(loaded, ids, scores, strict=True)}
+    score = trained.head.score
     return [{"path": str(f), "class_id": done[f][0], "class": trained.class_names[done[f][0]],
-             "score": round(done[f][1], 6), "skipped": ""} if f in done else
-            {"path": str(f), "class_id": None, "class": None, "score": None, "skipped": skipped[f]} for f in files]
+             score: round(done[f][1], 6), "skipped": ""} if f in done else
+            {"path": str(f), "class_id": None, "class": None, score: None, "skipped": skipped[f]} for f in files]
 
 
 def describe(trained: TrainedModel) -> str:

@@ -24,6 +24,24 @@ def config_digest(cfg, sections=BASE_MODEL_SECTIONS) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def config_values(cfg, sections=BASE_MODEL_SECTIONS) -> dict:
+    """The values `config_digest` hashes, as {section.key: value}: stored beside the digest in a checkpoint, so that a
+    mismatch can name the keys that differ (`load_checkpoint`)."""
+    full = cfg.to_dict(for_digest=True)
+    flat = {"seed": full["seed"]}
+    for section in sections:
+        flat.update({f"{section}.{k}": v for k, v in full[section].items()})
+    return flat
+
+
+def config_stamp(cfg, sections=BASE_MODEL_SECTIONS) -> dict:
+    """What a checkpoint records of the config that made it: the digest and the values."""
+    return {"config": config_digest(cfg, sections), "config_values": config_values(cfg, sections)}
+
+
+BASE_RERUN = "run `fscil stage base` with these params first (or `dvc repro`)"
+
+
 def load_base_model(cfg, base_dir: Path, pack_hash: str | None = None) -> tuple[FSCILModel, dict, str]:
     """The trained base model, refusing a checkpoint trained with other params or on another data pack.
 
@@ -33,7 +51,7 @@ def load_base_model(cfg, base_dir: Path, pack_hash: str | None = None) -> tuple[
     expect = {"kind": "base-model", "config": config_digest(cfg)}
     if pack_hash is not None:
         expect["data"] = pack_hash
-    tensors, meta = load_checkpoint(path, expect)
+    tensors, meta = load_checkpoint(path, expect, config_values(cfg), BASE_RERUN)
     model = build_model(cfg.model, meta["num_classes"], meta["input_size"], seed=cfg.seed)
     model.load_state_dict(tensors)
     return model, meta, file_digest(path)

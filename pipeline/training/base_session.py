@@ -34,9 +34,10 @@ from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.precision import autocast, image_layout, memory_format
 from pipeline.seeding import BASE_EPOCH_ORDER, BASE_STEP_AUGMENT, BASE_STEP_MIX, seeded_generator
-from pipeline.training.base_model import MODEL_FILE, base_twin, config_digest, load_base_model
+from pipeline.training.base_model import MODEL_FILE, base_twin, config_digest, config_stamp, load_base_model
 from pipeline.training.base_resume import RESUME_FILE, resume_point, save_resume_point, trained_parameters
 from pipeline.training.checkpoint import save_checkpoint, write_metrics
+from pipeline.training.curves import BASE_COLUMNS, write_curve
 from pipeline.training.distributed import (
     all_reduce_sum,
     barrier,
@@ -130,7 +131,7 @@ def _write_base_model(out_dir: Path, model: FSCILModel, cfg, pack: ImagePack, in
     """out_dir/model.safetensors, keyed by the config digest and the pack (base_model.py reads it), and metrics.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     save_checkpoint(out_dir / MODEL_FILE, model.state_dict(), {
-        "kind": "base-model", "config": config_digest(cfg), "data": pack.content_hash,
+        "kind": "base-model", **config_stamp(cfg), "data": pack.content_hash,
         "model": cfg.to_dict()["model"], "input_size": input_size, "preset": pack.preset,
         "num_classes": pack.protocol.num_classes, "seed": cfg.seed,
     })
@@ -261,8 +262,9 @@ def base_run(cfg, pack: ImagePack, device, group) -> BaseRun:
 
 
 def base_step(cfg, run: BaseRun, head, batch: tuple) -> torch.Tensor:
-    """One update of eq. optim_base on a global batch (x, y_a, y_b, lam); returns the global-batch loss (the mean of
-    the equal slices' means, the same on every process) as a device tensor: nothing waits for the device here."""
+    """One update of eq. optim_base on a global batch (x, y_a, y_b, lam); returns (the global-batch loss: the mean of
+    the equal slices' means, the same on every process; the batch's images whose arg-max is their dominant target)
+    as a device tensor: nothing waits for the device here."""
     x, y_a, y_b, lam = batch
     local = run.group.local_slice(len(x))
     weights = target_weights(cfg.base.dr_weighting, y_a, y_b, run.num_base)  # over the global batch
@@ -271,16 +273,18 @@ def base_step(cfg, run: BaseRun, head, batch: tuple) -> torch.Tensor:
     loss = base_loss(head, cfg.base, *(t.float() if t is not None else None for t in logits), y_a[local], y_b[local],
                      lam[local], None if weights is None else (weights[0][local], weights[1][local]))
     global_loss = all_reduce_sum(loss.detach(), run.group) / run.group.world_size
+    dominant = torch.where(lam[local] >= 0.5, y_a[local], y_b[local])  # the larger share of a mixed image
+    correct = all_reduce_sum((logits[0].detach().argmax(dim=1) == dominant).sum().float(), run.group)
     run.opt.zero_grad(set_to_none=True)
     loss.backward()
     run.opt.step()
-    return global_loss
+    return torch.stack([global_loss, correct])
 
 
-def read_losses(pending: list[torch.Tensor], epoch: int, done: int) -> list[float]:
-    """The last steps' losses as floats (one wait for the device instead of one per step); stops at the first
-    non-finite one, naming its step. `done`: steps of this epoch done so far. Nothing is written after a stop, so
-    the updates since that step never reach a checkpoint."""
+def read_losses(pending: list[torch.Tensor], epoch: int, done: int) -> list[list[float]]:
+    """The last steps' (loss, correct) rows as floats (one wait for the device instead of one per step); stops at
+    the first non-finite loss, naming its step. `done`: steps of this epoch done so far. Nothing is written after a
+    stop, so the updates since that step never reach a checkpoint."""
     values, bad = drain(pending, done)
     if bad is not None:
         raise TrainingDiverged(f"base training: non-finite loss at epoch {epoch + 1} step {bad}; nothing written")
@@ -298,9 +302,10 @@ def pass_order(cfg, plan: BasePlan, images: int, p: int, device) -> torch.Tensor
     return order.to(device)
 
 
-def train_epoch(cfg, run: BaseRun, p: int, device, show_progress: bool) -> float:
+def train_epoch(cfg, run: BaseRun, p: int, device, show_progress: bool) -> tuple[float, float]:
     """Pass `p` of eq. optim_base (base.repeat epochs; one epoch unless base.repeat) over `pass_order`; the mean of
-    its global-batch losses, read back every CHECK_EVERY steps (a non-finite one stops the run, nothing written)."""
+    its global-batch losses, read back every CHECK_EVERY steps (a non-finite one stops the run, nothing written), and
+    the training accuracy of its batches (%, against each image's dominant target)."""
     batch, head, plan, repeat = cfg.base.batch_size, HEADS[cfg.model.classifier], run.plan, cfg.base.repeat
     run.net.train()
     order = pass_order(cfg, plan, len(run.images), p, device)
@@ -308,6 +313,7 @@ def train_epoch(cfg, run: BaseRun, p: int, device, show_progress: bool) -> float
                disable=not (show_progress and run.group.is_main))
     pending: list[torch.Tensor] = []
     losses: list[float] = []
+    correct, seen = 0.0, 0
     for i in bar:
         step = p * plan.steps + i
         epoch = p * repeat + i * repeat // plan.steps  # the epoch this step belongs to
@@ -318,13 +324,16 @@ def train_epoch(cfg, run: BaseRun, p: int, device, show_progress: bool) -> float
         # step waits for the device; on the CPU from the augmentation's generator, as always
         host_gen = None if gen.device.type == "cpu" else seeded_generator(cfg.seed, BASE_STEP_MIX + step)
         extents = None if run.extents is None else run.extents[idx]
+        seen += len(idx)
         pending.append(base_step(cfg, run, head, _base_batch(run.images[idx], run.targets[idx], run.num_base,
                                                              run.preset, cfg.base, epoch, gen, host_gen,
                                                              plan.groups, extents)))
         if len(pending) == CHECK_EVERY or i + 1 == plan.steps:
-            losses += read_losses(pending, epoch, i + 1)
+            rows = read_losses(pending, epoch, i + 1)
+            losses += [loss for loss, _ in rows]
+            correct += sum(c for _, c in rows)
             bar.set_postfix(loss=f"{sum(losses) / len(losses):.4f}")
-    return round(sum(losses) / max(plan.steps, 1), 6)
+    return round(sum(losses) / max(plan.steps, 1), 6), round(100.0 * correct / max(seen, 1), 4)
 
 
 def finish_base(cfg, run: BaseRun, pack: ImagePack, device, history: list[float], out_dir: Path | None,
@@ -359,11 +368,12 @@ def finish_base(cfg, run: BaseRun, pack: ImagePack, device, history: list[float]
 
 
 def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path, *,
-               stop_after_epoch: int | None = None, show_progress: bool = True) -> dict:
+               stop_after_epoch: int | None = None, show_progress: bool = True, curve: Path | None = None) -> dict:
     """Train the base session; the main process writes `out_dir`/model.safetensors + metrics.json.
 
     checkpoint_dir: where the periodic resumable checkpoint lives (outside the atomic output, so a killed run
-    resumes from it). stop_after_epoch: end early after that epoch (to test resumption); returns {} then.
+    resumes from it). stop_after_epoch: end early after that epoch (to test resumption); returns {} then. curve:
+    the CSV of loss, lr and training accuracy per epoch, rewritten after each (`pipeline.training.curves`).
     """
     device = run_device(cfg)
     group = init_process_group(device)
@@ -372,21 +382,27 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
         run = base_run(cfg, pack, device, group)
         meta = {"kind": "base-resume", "config": config_digest(cfg), "data": pack.content_hash}
         ckpt = Path(checkpoint_dir) / RESUME_FILE
-        start_epoch, history = resume_point(ckpt, meta, run.model, run.aux_head, run.opt)
+        start_epoch, history, rows = resume_point(ckpt, meta, run.model, run.aux_head, run.opt)
         progress = ProgressLog("base", cfg.base.epochs, "epoch", start=start_epoch, enabled=group.is_main)
         rates: list[float] = []  # training images per second of each pass run here
         repeat = cfg.base.repeat
         for p in range(start_epoch // repeat, run.plan.passes):
             epoch_started = time.perf_counter()
-            history.append(train_epoch(cfg, run, p, device, show_progress))
+            loss, accuracy = train_epoch(cfg, run, p, device, show_progress)
+            history.append(loss)
             done = (p + 1) * repeat
+            group0 = run.opt.param_groups[0]  # base.lr under the schedule (a group's own scale left out)
+            rows.append({"epoch": done, "loss": loss, "lr": cfg.base.lr * group0["lr"] / group0["initial_lr"],
+                         "train_acc": accuracy})
+            if group.is_main:
+                write_curve(curve, BASE_COLUMNS, rows)
             images = min(run.plan.steps * cfg.base.batch_size, run.plan.rows)
             rate = images / max(time.perf_counter() - epoch_started, 1e-9)
             rates.append(rate)
             progress.update(done, loss=f"{history[-1]:.4f}", lr=f"{run.opt.param_groups[0]['lr']:.4g}",
                             **{"img/s": f"{rate:.0f}"})
             if group.is_main and (done % cfg.base.checkpoint_every == 0 or done == cfg.base.epochs):
-                save_resume_point(run, ckpt, meta, done, history)
+                save_resume_point(run, ckpt, meta, done, history, rows)
             barrier(group)
             if stop_after_epoch is not None and done >= stop_after_epoch:
                 return {}
@@ -396,12 +412,14 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
     return result
 
 
-def base_stage(cfg, pack_path: Path, out_dir: Path, resume_dir: Path, show_progress: bool = True) -> dict:
+def base_stage(cfg, pack_path: Path, out_dir: Path, resume_dir: Path, show_progress: bool = True,
+               curve: Path | None = None) -> dict:
     """Base training into out_dir/{model.safetensors, metrics.json}; its resume point lives in resume_dir until it
-    finishes. Under torchrun every process trains, only rank 0 writes."""
+    finishes, its curve (when given) is written as it trains. Under torchrun every process trains, only rank 0
+    writes."""
     if not is_launch_main():
         return train_base(cfg, pack_path, None, resume_dir, show_progress=False)
     with atomic_output(out_dir, directory=True) as tmp:
-        result = train_base(cfg, pack_path, tmp, resume_dir, show_progress=show_progress)
+        result = train_base(cfg, pack_path, tmp, resume_dir, show_progress=show_progress, curve=curve)
     shutil.rmtree(resume_dir, ignore_errors=True)  # finished: nothing left to resume
     return result

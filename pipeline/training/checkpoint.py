@@ -53,19 +53,32 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return json.loads(raw)
 
 
-def load_checkpoint(path: str | Path, expect: dict[str, Any] | None = None
-                    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Read tensors and metadata; every key of `expect` must equal the stored metadata value."""
+def load_checkpoint(path: str | Path, expect: dict[str, Any] | None = None, values: dict[str, Any] | None = None,
+                    rerun: str = "rerun the stage that writes it") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Read tensors and metadata; every key of `expect` must equal the stored metadata value. values: the config
+    values behind expect["config"] (`config_values`), so that a config mismatch names the keys that differ; rerun:
+    what to run then."""
     metadata = read_metadata(path)
     for key, value in (expect or {}).items():
-        if metadata.get(key) != value:
-            raise FSCILError(f"{path}: checkpoint {key} does not match (stored {_short(metadata.get(key))}, "
-                             f"expected {_short(value)}); rerun the stage that writes it")
+        if metadata.get(key) == value:
+            continue
+        if key == "config" and values is not None and isinstance(metadata.get("config_values"), dict):
+            raise FSCILError(f"{path}: made with other params ({_differences(metadata['config_values'], values)}); "
+                             f"{rerun}")
+        raise FSCILError(f"{path}: checkpoint {key} does not match (stored {_short(metadata.get(key))}, "
+                         f"expected {_short(value)}); {rerun}")
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError) as err:
         raise FSCILError(f"{path}: corrupt checkpoint ({err})") from None
     return tensors, metadata
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], shown: int = 4) -> str:
+    keys = [k for k in dict.fromkeys([*old, *new]) if old.get(k, "absent") != new.get(k, "absent")]
+    text = "; ".join(f"{k}: {_short(old.get(k, 'absent'))} there, {_short(new.get(k, 'absent'))} now"
+                     for k in keys[:shown])
+    return text + (f"; {len(keys) - shown} more" if len(keys) > shown else "")
 
 
 def _short(value: Any) -> str:

@@ -29,8 +29,9 @@ from pipeline.models.fscil import build_head
 from pipeline.seeding import DEVIATION, MEMORY, SESSION, seeded_generator
 from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMemory
-from pipeline.training.base_model import MODEL_FILE, config_digest
+from pipeline.training.base_model import BASE_RERUN, MODEL_FILE, config_digest, config_values
 from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed, write_metrics
+from pipeline.training.curves import SESSION_COLUMNS, write_curve
 from pipeline.training.diagnostics import session_diagnostics
 from pipeline.training.evaluate import session_metrics
 from pipeline.training.progress import CHECK_EVERY, ProgressLog
@@ -163,6 +164,12 @@ class SessionData(NamedTuple):
     num_seen: int  # classes seen after this session
 
 
+def session_rerun(session: int) -> str:
+    """What to run when session `session`'s state was made with other params."""
+    return (f"run sessions 1 to {session} with these params first (`fscil stage incremental --session N`, or "
+            "`dvc repro`)")
+
+
 def start_session(cfg, session: int, store: FeatureStore, tensors: dict, num_classes: int, prev_dir: Path | None,
                   digest: str) -> tuple:
     """Projector, classifier and memory as session `session` starts: the base model, then the previous session's
@@ -176,7 +183,7 @@ def start_session(cfg, session: int, store: FeatureStore, tensors: dict, num_cla
     if session > 1:
         state, _ = load_checkpoint(Path(prev_dir) / STATE_FILE, {
             "kind": "session", "session": session - 1, "config": digest, "store": store.attrs["checkpoint_sha256"],
-            "memory": memory_tag(store)})
+            "memory": memory_tag(store)}, config_values(cfg, SECTIONS), session_rerun(session - 1))
         load_session_state(projector, classifier, state, cfg, session - 1)
         projector.set_sessions(session)  # the expanding baseline: a new zero-gated branch, the earlier ones frozen
         memory = ClassMemory.from_tensors(state)
@@ -212,9 +219,10 @@ def match_vertices(projector, classifier, data: SessionData, inc, device) -> dic
 
 
 def fit_session(cfg, session: int, projector, classifier, data: SessionData, store: FeatureStore, device,
-                show_progress: bool, progress_lines: bool) -> tuple[dict, dict]:
+                show_progress: bool, progress_lines: bool, curve: Path | None = None) -> tuple[dict, dict]:
     """The session's SGD steps on eq. optim_inc (fresh SGD, warm-up and cosine, draws made ahead); returns the
-    per-step loss history and the fit loss before and after, and stops a session whose fit got worse."""
+    per-step loss history and the fit loss before and after, and stops a session whose fit got worse. curve: the
+    CSV of the loss terms and lr per step, rewritten at each read-back (`pipeline.training.curves`)."""
     inc = cfg.incremental
     trainable = [p for p in projector.parameters() if p.requires_grad] + list(classifier.parameters())
     opt = torch.optim.SGD(session_param_groups(projector, trainable, inc), lr=inc.lr, momentum=inc.momentum,
@@ -232,11 +240,13 @@ def fit_session(cfg, session: int, projector, classifier, data: SessionData, sto
     frozen = projector.frozen_outputs(data.x, inc.eval_batch_size) if deviations is None else None
     fit = {"before": fit_loss(projector, classifier, data.x, data.y, data.num_seen, cfg.model.classifier, inc, frozen)}
     pending: list[torch.Tensor] = []
+    lrs: list[float] = []
     bar = tqdm(range(steps), desc=f"session {session}", leave=False, disable=not show_progress)
     progress = ProgressLog(f"session {session}", steps, "step", enabled=progress_lines)
     for step in bar:
         idx, mix_perm, lent_draws = draws.step(step)
-        set_lr(opt, SCHEDULES[inc.schedule](inc, step, steps))
+        lrs.append(SCHEDULES[inc.schedule](inc, step, steps))
+        set_lr(opt, lrs[-1])
         x = data.x[idx] if deviations is None else lend_deviations(data.x[idx], data.is_base[idx], deviations,
                                                                    lent_draws)
         pending.append(train_step(projector, classifier, opt, trainable, (x, data.y[idx], data.is_base[idx]),
@@ -244,6 +254,9 @@ def fit_session(cfg, session: int, projector, classifier, data: SessionData, sto
                                   cfg.precision))
         if len(pending) == CHECK_EVERY or step + 1 == steps:  # the only read-back: every CHECK_EVERY steps
             read_back(pending, history, session, step + 1)
+            write_curve(curve, SESSION_COLUMNS, [{"step": i + 1, "lr": inc.lr * factor,
+                                                  **{k: v[i] for k, v in history.items()}}
+                                                 for i, factor in enumerate(lrs)])
             bar.set_postfix(loss=f"{history['loss'][-1]:.4f}")
             progress.update(step + 1, loss=f"{history['loss'][-1]:.4f}")
     fit["after"] = fit_loss(projector, classifier, data.x, data.y, data.num_seen, cfg.model.classifier, inc, frozen)
@@ -295,19 +308,21 @@ def write_session_state(cfg, session: int, projector, classifier, memory: ClassM
     state.update(prefixed(classifier.state_dict(), "classifier"))
     state.update(memory.to_tensors())
     save_checkpoint(out_dir / STATE_FILE, state, {
-        "kind": "session", "session": session, "config": digest, "store": store.attrs["checkpoint_sha256"],
+        "kind": "session", "session": session, "config": digest, "config_values": config_values(cfg, SECTIONS),
+        "store": store.attrs["checkpoint_sha256"],
         "memory": memory_tag(store), "frozen_sha256": frozen_sha, "num_seen": data.num_seen,
     })
 
 
 def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir: Path | None, out_dir: Path,
-                  show_progress: bool = True, progress_lines: bool = True) -> dict:
+                  show_progress: bool = True, progress_lines: bool = True, curve: Path | None = None) -> dict:
     """Train g_inc for one session and write out_dir/{state.safetensors, metrics.json}; returns the metrics.
     show_progress: a bar (a terminal); progress_lines: plain progress lines (logs, dvc repro)."""
     started = time.time()
     device = run_device(cfg)
     base_ckpt = Path(base_dir) / MODEL_FILE
-    tensors, base_meta = load_checkpoint(base_ckpt, {"kind": "base-model", "config": config_digest(cfg)})
+    tensors, base_meta = load_checkpoint(base_ckpt, {"kind": "base-model", "config": config_digest(cfg)},
+                                         config_values(cfg), BASE_RERUN)
     store = FeatureStore.open(store_path, pack_hash=base_meta["data"], checkpoint_sha256=file_digest(base_ckpt))
     _check_session(session, int(store.attrs["num_sessions"]), prev_dir)
     store.verify()  # every chunk readable and as written, before any training
@@ -320,7 +335,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     data = session_data(store, session, memory, cfg.incremental, device)
     vertices = match_vertices(projector, classifier, data, cfg.incremental, device)
     history, fit = fit_session(cfg, session, projector, classifier, data, store, device, show_progress,
-                               progress_lines)
+                               progress_lines, curve)
     if cfg.incremental.freeze_base and frozen_digest(projector) != frozen_before:
         raise RuntimeError("frozen projector parts changed during an incremental session")
     out_dir = Path(out_dir)
@@ -342,8 +357,9 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
 
 
 def session_stage(cfg, session: int, store_path: Path, base_dir: Path, prev_dir: Path | None, out_dir: Path,
-                  show_progress: bool = True, progress_lines: bool = True) -> dict:
-    """Incremental session `session` (g_inc trained on cached features) into out_dir, from session - 1's prev_dir."""
+                  show_progress: bool = True, progress_lines: bool = True, curve: Path | None = None) -> dict:
+    """Incremental session `session` (g_inc trained on cached features) into out_dir, from session - 1's prev_dir;
+    its curve (when given) written as it trains."""
     with atomic_output(out_dir, directory=True) as tmp:
         return train_session(cfg, session, store_path, base_dir, prev_dir, tmp, show_progress=show_progress,
-                             progress_lines=progress_lines)
+                             progress_lines=progress_lines, curve=curve)
