@@ -7,8 +7,6 @@ Every command exits 0 on success, 2 on bad input (a one-line message on stderr) 
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -28,11 +26,10 @@ from stages.cli_common import (
     _paths,
     _project_path,
     _run,
-    _show,
     echo_line,
-    launch_torchrun,
 )
 from stages.cli_tools import compare_runs, doctor, export, model_app, predict_images, show
+from stages.entry import DEBUG, fail, one_line_errors
 
 app = typer.Typer(help="Mamba-FSCIL: few-shot class-incremental learning with a dual selective SSM projector.",
                   no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -55,17 +52,10 @@ def config_stage(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt =
                  overrides: SetOpt = None) -> None:
     """Resolve params.yaml over its preset and variant and write every value that runs to data/config/run.yaml
     (device as resolved on this machine): the stages list the keys they read there as DVC params."""
-    import yaml
+    from stages import config as stage
 
-    from pipeline.atomic import atomic_write_text
-    from pipeline.config import run_values
-    from pipeline.device import resolved_device_name
-
-    cfg = _config(params, overrides)
-    path = _paths(data_dir).run_config
-    device = _run("config", resolved_device_name, cfg.device, timed=False)
-    atomic_write_text(path, yaml.safe_dump(run_values(cfg, device), sort_keys=False))
-    typer.echo(f"config: {cfg.method}, seed {cfg.seed}, device {device} -> {path}")
+    with one_line_errors():
+        stage.command(params, data_dir, overrides or [])
 
 
 @stage_app.command("prepare")
@@ -74,32 +64,19 @@ def prepare(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path
     """Convert the configured dataset (or the synthetic default) into the HDF5 image pack data/pack.h5."""
     from stages import prepare as stage
 
-    cfg = _config(params, overrides)
-    summary = _run("prepare", stage.run, dataclasses.asdict(cfg.data), _paths(data_dir).pack, cfg)
-    _show(summary, ("dataset", "num_images", "num_classes", "num_sessions", "content_hash", "seconds"))
-
-
-def _under_torchrun(cfg, stage: str, params: Path, data_dir: Path, quiet: bool, overrides: list[str] | None) -> None:
-    """params nproc_per_node > 1: this stage again under torchrun, one process per GPU (what `dvc repro` runs);
-    exits with its code. Inside torchrun (WORLD_SIZE set) it returns, and the stage runs."""
-    if cfg.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
-        args = ["stage", stage, "--params", str(params), "--data-dir", str(data_dir), *(["--quiet"] if quiet else []),
-                *[a for o in overrides or () for a in ("-S", o)]]
-        raise typer.Exit(launch_torchrun(cfg.nproc_per_node, args))
+    with one_line_errors():
+        stage.command(params, data_dir, overrides or [])
 
 
 @stage_app.command("base")
 def base(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"), quiet: QuietOpt = False,
          overrides: SetOpt = None) -> None:
-    """Train backbone, p_iden and g_base on the base session; resumes from data/base.resume when interrupted."""
+    """Train backbone, p_iden and g_base on the base session; resumes from data/base.resume when interrupted; under
+    params nproc_per_node > 1 in that many processes (torchrun)."""
     from stages import base as stage
 
-    cfg = _config(params, overrides)
-    _under_torchrun(cfg, "base", params, data_dir, quiet, overrides)
-    summary = _run("base", stage.run, cfg, _paths(data_dir), show_progress=not quiet)
-    if summary:
-        typer.echo(f"base: accuracy {summary['acc']:.2f} on the base classes ({summary['epochs']} epochs)", err=True)
-        _show(summary, ("acc", "epochs", "steps", "world_size", "seconds"))
+    with one_line_errors():
+        stage.command(params, data_dir, overrides or [], quiet)
 
 
 @stage_app.command("extract")
@@ -108,11 +85,8 @@ def extract(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path
     """Cache the frozen backbone's maps (test set, few-shot images, base class means) in data/features.zarr."""
     from stages import extract as stage
 
-    cfg = _config(params, overrides)
-    _under_torchrun(cfg, "extract", params, data_dir, quiet, overrides)
-    summary = _run("extract", stage.run, cfg, _paths(data_dir), show_progress=not quiet)
-    if summary:  # rank 0's (under torchrun the other processes return none)
-        _show(summary, ("test", "fewshot", "base_classes", "map_shape", "seconds"))
+    with one_line_errors():
+        stage.command(params, data_dir, overrides or [], quiet)
 
 
 @stage_app.command("incremental")
@@ -122,15 +96,8 @@ def incremental(session: Annotated[int, typer.Option("--session", "-s", help="In
     """Train g_inc for one session on cached features; session N needs session N-1 done."""
     from stages import incremental as stage
 
-    cfg = _config(params, overrides)
-    result = _run(f"incremental session {session}", stage.run, cfg, _paths(data_dir), session,
-                  show_progress=not quiet)
-    if result:
-        proto = result.get("prototype", {}).get("backbone", {}).get("acc")
-        typer.echo(f"session {session}: accuracy {result['acc']:.2f} on {result.get('num_seen_classes', '?')} classes "
-                   f"(base {result['base_acc']:.2f}, novel {result['novel_acc']:.2f})"
-                   + (f"; backbone class means {proto:.2f}" if proto is not None else ""), err=True)
-    _show(result, ("session", "acc", "base_acc", "novel_acc", "seconds"))
+    with one_line_errors():
+        stage.command(session, params, data_dir, overrides or [], quiet)
 
 
 @stage_app.command("report")
@@ -139,16 +106,10 @@ def report(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path(
            overrides: SetOpt = None) -> None:
     """Per-session table (data/report/sessions.csv), plots and metrics.json (AVG, PD, final), each naming the preset,
     variant and seed that ran."""
-    from pipeline.atomic import claim_file
     from stages import report as stage
 
-    cfg = _config(params, overrides)
-    _run("report", claim_file, metrics, "fscil stage report", "a metrics file",
-         stage.is_metrics, timed=False)
-    summary = _run("report", stage.run, _paths(data_dir), metrics, cfg)
-    typer.echo(f"{summary['method']}, seed {summary['seed']}")
-    typer.echo(" ".join(f"{k}={v:.2f}" for k, v in summary["sessions"].items()))
-    typer.echo(f"AVG {summary['avg']:.2f}  PD {summary['pd']:.2f}  final {summary['final']:.2f}")
+    with one_line_errors():
+        stage.command(params, data_dir, overrides or [], metrics)
 
 
 @app.command("select")
@@ -167,8 +128,10 @@ def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Pa
     from stages import select as stage
 
     cfg = _config(params, overrides)
+    candidates = _selection(params, overrides)
     out = _project_path(out or data_dir / "selection")
-    result = _run("select", stage.run, cfg, _paths(data_dir), out, log=echo_line, reuse_stale=reuse_stale, jobs=jobs)
+    result = _run("select", stage.run, cfg, candidates, _paths(data_dir), out, log=echo_line, reuse_stale=reuse_stale,
+                  jobs=jobs)
     typer.echo(pd.DataFrame(result["rows"]).to_string(index=False))
     typer.echo("chosen: " + "  ".join(f"{k}={v}" for k, v in result["chosen"].items()))
     typer.echo(f"params fragment: {out / 'selected.yaml'}")
@@ -244,19 +207,22 @@ def config_show(keys: Annotated[list[str] | None, typer.Argument(
                 origin: Annotated[bool, typer.Option("--origin", help="Each value with the layer it came from.")]
                 = False) -> None:
     """Print the configuration that runs: params.yaml and -S over its preset and variant."""
+    import dataclasses
+
     import yaml
 
     from pipeline.config import flatten
 
     cfg = _config(params, overrides)
-    values = flatten({**cfg.to_dict(), "sessions": cfg.sessions}, "config")
+    shown = {**cfg.to_dict(), "selection": dataclasses.asdict(_selection(params, overrides))}
+    values = flatten({**shown, "sessions": cfg.sessions}, "config")
     if keys:
         unknown = [k for k in keys if not any(v == k or v.startswith(f"{k}.") for v in values)]
         if unknown:
             _fail(f"no key {', '.join(unknown)} (`fscil config keys` lists them)", FSCILError.exit_code)
         values = {v: x for v, x in values.items() if any(v == k or v.startswith(f"{k}.") for k in keys)}
     if not origin and not keys:
-        typer.echo(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        typer.echo(yaml.safe_dump(shown, sort_keys=False))
         return
     width = min(48, max(len(f"{k}: {_value(v)}") for k, v in values.items()))
     for key, value in values.items():
@@ -269,7 +235,7 @@ def config_keys(out: Annotated[Path | None, typer.Option(help="Write the table h
                                                              "printing it.")] = None) -> None:
     """Every configuration key: default, the stages that read it, whether `fscil select` searches it, what it does."""
     from pipeline.atomic import atomic_write_text, claim_file
-    from pipeline.config_docs import KEYS_TITLE, keys_table
+    from pipeline.research.keys import KEYS_TITLE, keys_table
 
     if out is None:
         typer.echo(keys_table(), nl=False)
@@ -278,6 +244,14 @@ def config_keys(out: Annotated[Path | None, typer.Option(help="Write the table h
          lambda p: p.is_file() and p.read_text(errors="replace").startswith(KEYS_TITLE), timed=False)
     atomic_write_text(out, keys_table())
     typer.echo(f"wrote {out}")
+
+
+def _selection(params: Path, overrides: list[str] | None):
+    """The `selection` section (read by `fscil select` alone), checked: a one-line error, exit 2."""
+    from pipeline.config import read_yaml
+    from pipeline.research.selection_config import load_selection
+
+    return _run("params", lambda: load_selection(read_yaml(params), overrides or (), str(params)), timed=False)
 
 
 def _value(value) -> str:
@@ -290,8 +264,10 @@ def _value(value) -> str:
 
 @app.command("list")
 def list_choices() -> None:
-    """The presets (pipeline/presets/) and variants (pipeline/variants/), one line each."""
+    """The presets, the variants and every registry's entries (backbones, branches, loss forms, datasets, ...), one
+    line each."""
     from pipeline.config import PRESET_DIR, VARIANT_DIR, available_presets, available_variants, describe_file
+    from pipeline.registry import all_registries
 
     for title, folder, names in (("presets", PRESET_DIR, available_presets()),
                                  ("variants", VARIANT_DIR, available_variants())):
@@ -299,6 +275,12 @@ def list_choices() -> None:
         width = max(len(n) for n in names)
         for name in names:
             typer.echo(f"  {name:<{width}}  {describe_file(folder / f'{name}.yaml')}")
+    for dotted, registry in all_registries().items():
+        module, name = dotted.rsplit(".", 1)
+        typer.echo(f"{registry.kind}s ({module.replace('.', '/')}.py {name}):")
+        width = max(len(n) for n in registry)
+        for entry in registry:
+            typer.echo(f"  {entry:<{width}}  {registry.describe(entry)}")
 
 
 @config_app.command("sessions")
@@ -319,55 +301,35 @@ try:  # the click that typer runs on: its own copy since typer 0.2x
 except ImportError:  # pragma: no cover - typer on the installed click
     from click import exceptions as click_errors
 
-_STATE = {"debug": False}  # set by the --debug option before any command runs
-
 
 @app.callback()
 def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback of an unexpected error.")]
              = False) -> None:
-    _STATE["debug"] = debug
+    DEBUG["on"] = debug
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry: bad input is one line and exit 2; an unexpected error is one line naming the file that holds
-    its traceback, and exit 1 (`fscil --debug ...` prints the traceback instead). CPU kernels are pinned first
+    """Console entry: bad input is one line and exit 2 (usage errors too); an unexpected error is one line naming the
+    file that holds its traceback, and exit 1 (`fscil --debug ...` prints it instead). CPU kernels are pinned first
     (`pipeline.portable`), before anything imports torch."""
     from pipeline.portable import pin_cpu_kernels
 
     if "torch" not in sys.modules:  # a caller that already imported torch (tests, notebooks) keeps its kernels
         pin_cpu_kernels()
-    try:
-        code = app(args=argv, standalone_mode=False)
-        if isinstance(code, int):  # typer.Exit(code) from a command
-            sys.exit(code)
-    except click_errors.NoArgsIsHelpError as err:  # `fscil`, `fscil stage`: the help
-        typer.echo(err.ctx.get_help())
-    except click_errors.UsageError as err:  # a wrong option, value or command: one line, exit 2
-        where = f" (`{err.ctx.command_path} --help`)" if err.ctx is not None else ""
-        typer.echo(f"error: {' '.join(err.format_message().split())}{where}", err=True)
-        sys.exit(2)
-    except click_errors.ClickException as err:
-        typer.echo(f"error: {' '.join(err.format_message().split())}", err=True)
-        sys.exit(err.exit_code)
-    except typer.Abort:
-        typer.echo("error: aborted", err=True)
-        sys.exit(130)
-    except FSCILError as err:
-        typer.echo(f"error: {err}", err=True)
-        sys.exit(FSCILError.exit_code)
-    except Exception as err:  # noqa: BLE001 - the last line of defence: never a bare traceback
-        if _STATE["debug"]:
-            raise
-        import tempfile
-        import traceback
-
-        fd, trace = tempfile.mkstemp(prefix="fscil-trace-", suffix=".txt")
-        with open(fd, "w") as f:
-            traceback.print_exc(file=f)
-        first = str(err).splitlines()[0] if str(err) else ""
-        typer.echo(f"error: unexpected {type(err).__name__}: {first} (full trace: {trace}; "
-                   "`fscil --debug ...` prints it)", err=True)
-        sys.exit(1)
+    with one_line_errors():
+        try:
+            code = app(args=argv, standalone_mode=False)
+            if isinstance(code, int):  # typer.Exit(code) from a command
+                sys.exit(code)
+        except click_errors.NoArgsIsHelpError as err:  # `fscil`, `fscil stage`: the help
+            typer.echo(err.ctx.get_help())
+        except click_errors.UsageError as err:  # a wrong option, value or command: one line, exit 2
+            where = f" (`{err.ctx.command_path} --help`)" if err.ctx is not None else ""
+            fail(f"{' '.join(err.format_message().split())}{where}")
+        except click_errors.ClickException as err:
+            fail(" ".join(err.format_message().split()), err.exit_code)
+        except typer.Abort:
+            fail("aborted", 130)
 
 
 if __name__ == "__main__":

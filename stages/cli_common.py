@@ -59,20 +59,10 @@ def _run(name: str, fn, *args, timed: bool = True, flags: tuple[str, ...] = (), 
 
 
 def _config(params: Path, overrides: list[str] | None = None):
-    from pipeline.config import load_config
+    """The resolved config (threads set), or a one-line error and exit 2."""
+    from stages.entry import load_config
 
-    if not Path(params).exists():
-        _fail(f"{params}: no such file in {Path.cwd()}; run fscil from the repository's root, or pass --params FILE "
-              "(and --data-dir DIR)", FSCILError.exit_code)
-    try:
-        cfg = load_config(params, overrides or ())
-    except FSCILError as err:
-        _fail(str(err), FSCILError.exit_code)
-    # CPU results depend on the intra-op thread count (reductions split differently), so it is a param
-    import torch
-
-    torch.set_num_threads(cfg.threads)
-    return cfg
+    return _run("params", load_config, params, overrides, timed=False)
 
 
 def _paths(data_dir: Path):
@@ -88,15 +78,3 @@ def _show(summary: dict, keys: tuple[str, ...]) -> None:
 def echo_line(line: str) -> None:
     """A progress line on stderr (shown under --quiet too, which turns off bars only)."""
     typer.echo(line, err=True)
-
-
-def launch_torchrun(nproc: int, args: list[str]) -> int:
-    """`fscil <args>` in `nproc` processes under torchrun on this machine (params nproc_per_node: one GPU each, or
-    gloo processes on the CPU); returns its exit code. The processes read the same params and overrides."""
-    import subprocess
-    import sys
-
-    echo_line(f"{' '.join(args[:2])}: {nproc} processes under torchrun")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               "-m", "stages.cli", *args]
-    return subprocess.run(command).returncode

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from pipeline.errors import FSCILError
+from pipeline.models.registry import BACKBONES, HEADS, PROJECTOR_KINDS, SSM_BRANCHES
 from stages.cli_common import DataDirOpt, ParamsOpt, SetOpt, _config, _fail, _paths, _run
 
 model_app = typer.Typer(help="Inspect the model.", no_args_is_help=True, rich_markup_mode=None)
@@ -97,22 +98,22 @@ SUMMARY_FLAGS = ("--backbone", "--widths", "--dim", "--d-state", "--dt-rank", "-
 @model_app.command("summary")
 def model_summary(
     preset: Annotated[str, typer.Option(help="Preset whose model section gives the defaults.")] = "cifar100",
-    backbone: Annotated[str | None, typer.Option(help="resnet12, resnet18, vit_b16, swin_t.")] = None,
+    backbone: Annotated[str | None, typer.Option(help=f"{', '.join(BACKBONES)}.")] = None,
     widths: Annotated[str | None, typer.Option(help="ResNet-12 widths, comma separated.")] = None,
     projector: Annotated[str | None, typer.Option(
-        help="dual_ssm, single_ssm, mlp, s4, transformer, gru, lstm; comma separated or 'all': side by side.")] = None,
+        help=f"{', '.join(PROJECTOR_KINDS)}; comma separated or 'all': side by side.")] = None,
     dim: Annotated[int | None, typer.Option(help="Projector width D'.")] = None,
     d_state: Annotated[int | None, typer.Option(help="SSM state size.")] = None,
     dt_rank: Annotated[int | None, typer.Option(help="Low-rank width of f_Delta.")] = None,
     k_paths: Annotated[int | None, typer.Option(help="Scan paths K.")] = None,
-    ssm_branch: Annotated[str | None, typer.Option(help="ss2d or mamba_1d (the selective-SSM branch).")] = None,
-    classifier: Annotated[str | None, typer.Option(help="etf or linear.")] = None,
+    ssm_branch: Annotated[str | None, typer.Option(help=f"The selective-SSM branch: {', '.join(SSM_BRANCHES)}.")]
+    = None,
+    classifier: Annotated[str | None, typer.Option(help=f"{', '.join(HEADS)}.")] = None,
     num_classes: Annotated[int | None, typer.Option(help="Total classes (default: the preset dataset's).")] = None,
     input_size: Annotated[int | None, typer.Option(help="Input image size (default: the preset's).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Parameter count of each component (backbone, p_iden, g_base, g_inc, classifier) for the given dims."""
-    from pipeline.models.projector import PROJECTOR_KINDS
     from pipeline.research.summary import summarise_model
 
     kinds = list(PROJECTOR_KINDS) if projector == "all" else (projector.split(",") if projector else [None])
@@ -201,7 +202,7 @@ def model_cost(
 
     if profile not in PROFILES:
         _fail(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}", FSCILError.exit_code)
-    out = mark_folder(_run("model cost", claim_folder, out, "fscil model cost", timed=False), "fscil model cost")
+    out = _run("model cost", claim_folder, out, "fscil model cost", timed=False)
     deterministic, precision = PROFILES[profile]
     if device.startswith("cuda"):
         _run("model cost", resolve_device, device, deterministic, source="--device", timed=False)
@@ -211,7 +212,7 @@ def model_cost(
     if paper_table:
         table = _run("model cost", paper_profile, repeats, device, precision, tuple(scans.split(",")),
                      log=lambda line: typer.echo(line, err=True))
-        with atomic_output(out / "paper_table.csv") as tmp:
+        with atomic_output(mark_folder(out, "fscil model cost") / "paper_table.csv") as tmp:
             table.assign(device=device, profile=profile).to_csv(tmp, index=False)
         typer.echo(table.to_markdown(index=False))
         typer.echo(f"wrote {out / 'paper_table.csv'}")
@@ -230,7 +231,7 @@ def model_cost(
     table = _run("model cost", cost_curves, preset, {}, projectors.split(","), channels, side, sessions, side_list,
                  batch, repeats, device, log=lambda line: typer.echo(line, err=True), scans=tuple(scans.split(",")),
                  precision=precision)
-    with atomic_output(out / "cost.csv") as tmp:
+    with atomic_output(mark_folder(out, "fscil model cost") / "cost.csv") as tmp:
         table.assign(device=device, threads=threads, batch=batch, channels=channels, profile=profile).to_csv(
             tmp, index=False)
     plot_cost_curves(table, out / "cost.png", f"projector cost, {preset} widths, {channels} channels, batch {batch}, "
@@ -243,13 +244,13 @@ def _write_scan_grid(out: Path, device: str, repeats: int, scans: tuple[str, ...
 
     import torch
 
-    from pipeline.atomic import atomic_output
+    from pipeline.atomic import atomic_output, mark_folder
     from pipeline.ops.scan_dispatch import grid_literal
     from pipeline.research.benchmark import grid_rows, scan_grid
 
     table = _run("model cost", scan_grid, device, repeats, scans, log=lambda line: typer.echo(line, err=True))
     name = torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else "cpu"
-    with atomic_output(out / "scan_grid.csv") as tmp:
+    with atomic_output(mark_folder(out, "fscil model cost") / "scan_grid.csv") as tmp:
         table.assign(device=name, profile=profile).to_csv(tmp, index=False)
     typer.echo(grid_literal(name, datetime.date.today().isoformat(), grid_rows(table)))
     typer.echo(f"wrote {out / 'scan_grid.csv'}; paste the rows above into MEASURED in pipeline/ops/scan_dispatch.py")

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.atomic import claim_file
 from pipeline.errors import FSCILError
 from pipeline.report import ARRAYS_FILE, write_report
+from stages.entry import load_config, main, options, timed
 from stages.paths import StagePaths
 
 
@@ -46,3 +48,23 @@ def run(paths: StagePaths, metrics_path: Path, cfg) -> dict:
     arrays = dict(np.load(last)) if last.is_file() else None
     identity = {"preset": cfg.preset, "variant": cfg.variant, "method": cfg.method, "seed": cfg.seed}
     return write_report(results, metrics_path, paths.report, title, arrays, identity)
+
+
+def command(params: Path, data_dir: Path, overrides: list[str], metrics: Path = Path("metrics.json"),
+            quiet: bool = False) -> None:
+    cfg = load_config(params, overrides)
+    claim_file(metrics, "fscil stage report", "a metrics file", is_metrics)
+    summary = timed("report", run, StagePaths(data_dir), metrics, cfg)
+    print(f"{summary['method']}, seed {summary['seed']}")
+    print(" ".join(f"{k}={v:.2f}" for k, v in summary["sessions"].items()))
+    print(f"AVG {summary['avg']:.2f}  PD {summary['pd']:.2f}  final {summary['final']:.2f}", flush=True)
+
+
+def _options():
+    parser = options("report", "Per-session table, plots and metrics.json.")
+    parser.add_argument("--metrics", type=Path, default=Path("metrics.json"))
+    return parser
+
+
+if __name__ == "__main__":
+    main(command, _options())

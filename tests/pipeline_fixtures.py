@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-from pipeline.config_sections import ModelConfig
+from pipeline.config.sections import ModelConfig
 from stages.cli import app
 
 # the stage tests run on the CPU; FSCIL_TEST_DEVICE=cuda runs them on a GPU (the same assertions)

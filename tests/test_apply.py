@@ -151,7 +151,7 @@ def test_the_score_of_correct_images_stands_clearly_above_noise(tmp_path):
 
 
 def test_a_linear_head_scores_by_its_softmax_probability():
-    from pipeline.models.classifier import HEADS
+    from pipeline.models.registry import HEADS
 
     logits = torch.tensor([[2.0, 0.0, -1.0]])
     assert HEADS["linear"].confidence(logits).sum().item() == pytest.approx(1.0)

@@ -16,7 +16,8 @@ from pipeline.losses.class_sensitive import separation_loss, suppression_loss
 from pipeline.losses.classification import class_balance_weights, dot_regression_loss, mixed_loss, target_weights
 from pipeline.models.mamba1d import cross_merge_channel_flip
 from pipeline.ops.cross_scan import cross_scan
-from pipeline.training.schedule import SCHEDULES, mmcv_cosine_cooldown
+from pipeline.training.registry import SCHEDULES
+from pipeline.training.schedule import mmcv_cosine_cooldown
 from pipeline.training.session_step import SessionDraws, session_batch
 from tests.pipeline_fixtures import cli
 

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from pipeline.config import load_config
-from pipeline.config_sections import BaseConfig
-from pipeline.models.classifier import HEADS
+from pipeline.config.sections import BaseConfig
 from pipeline.models.fscil import build_model
+from pipeline.models.registry import HEADS
 from pipeline.research.selection import with_values
 from pipeline.training.base_model import config_digest
 from pipeline.training.base_resume import AUX_PREFIX, RESUME_FILE

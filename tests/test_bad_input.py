@@ -69,8 +69,12 @@ def _assert_one_line_error(result, *needles: str) -> None:
     ("selection", {"base_copy": [[1], [-1]]}, ["selection.base_copy", "incremental.base_copy", ">= 0"]),
 ])
 def test_invalid_params(tmp_path, section, values, needles):
+    """A run's section stops the stage; the selection section (read by `fscil select` alone) stops the commands that
+    read it, `fscil config show` among them."""
     params = write_params(tmp_path / "params.yaml", **{section: values})
-    result = cli("stage", "prepare", "--params", str(params), "--data-dir", str(tmp_path / "data"))
+    command = ("config", "show") if section == "selection" else ("stage", "prepare")
+    result = cli(*command, "--params", str(params), *(() if section == "selection" else ("--data-dir",
+                                                                                       str(tmp_path / "data"))))
     _assert_one_line_error(result, *needles)
     assert not (tmp_path / "data").exists()
 
@@ -355,6 +359,7 @@ def test_unexpected_error_is_one_line_with_the_trace_in_a_file(tmp_path, monkeyp
     """A bug (not bad input) still prints one line, exit 1, naming the file that holds the traceback;
     --debug raises it instead."""
     import stages.cli
+    import stages.entry
     import stages.report
 
     def boom(*args, **kwargs):
@@ -371,7 +376,7 @@ def test_unexpected_error_is_one_line_with_the_trace_in_a_file(tmp_path, monkeyp
     assert "Traceback" in text and "boom" in text
     with pytest.raises(ZeroDivisionError):
         stages.cli.main(["--debug", "stage", "report", "--data-dir", str(tmp_path)])
-    stages.cli._STATE["debug"] = False
+    stages.entry.DEBUG["on"] = False
 
 
 def test_a_last_epochs_candidate_is_checked_against_the_runs_epochs() -> None:

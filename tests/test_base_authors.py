@@ -14,7 +14,7 @@ from pipeline.config import build_config
 from pipeline.data.mixing import group_permutation, mixup_cutmix
 from pipeline.training.base_session import base_plan
 from pipeline.training.distributed import DeviceBatchNorm2d, convert_device_batchnorm
-from pipeline.training.schedule import BASE_SCHEDULES
+from pipeline.training.registry import BASE_SCHEDULES
 
 
 def test_device_batchnorm_is_plain_batchnorm_on_each_group_and_keeps_the_first_groups_statistics():

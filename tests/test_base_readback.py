@@ -13,7 +13,7 @@ import pipeline.training.base_session as base_session
 from pipeline.config import build_config
 from pipeline.data.pack import ImagePack
 from pipeline.errors import TrainingDiverged
-from pipeline.models.classifier import HEADS
+from pipeline.models.registry import HEADS
 from pipeline.training.distributed import ProcessGroup
 from tests.pipeline_fixtures import TINY_PARAMS
 from tests.test_session_readback import DeviceReads

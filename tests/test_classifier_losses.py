@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.data.mixing import feature_mixup, mixup_draws
-from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
+from pipeline.losses.class_sensitive import separation_loss, suppression_loss
 from pipeline.losses.classification import cross_entropy_loss, dot_regression_loss, mixed_loss
+from pipeline.losses.registry import SUPPRESSION_TARGETS
 from pipeline.models.classifier import ETFClassifier, LinearClassifier, simplex_etf
 
 
@@ -123,6 +124,6 @@ def test_feature_mixup_fixed_ratio_and_probability():
 
 def test_dr_scale_weights_the_dr_loss_only():
     # the authors' x10 belongs to the ETF head's DR loss; scaling cross-entropy by it made base training diverge
-    from pipeline.models.classifier import HEADS
+    from pipeline.models.registry import HEADS
 
     assert HEADS["etf"].loss_scale(10.0) == 10.0 and HEADS["linear"].loss_scale(10.0) == 1.0

@@ -47,7 +47,7 @@ def test_model_summary_variants_table():
 
 
 def test_model_summary_projector_family_side_by_side():
-    from pipeline.models.projector import PROJECTOR_KINDS
+    from pipeline.models.registry import PROJECTOR_KINDS
 
     result = cli("model", "summary", "--preset", "synthetic", "--projector", "all")
     assert result.exit_code == 0, result.output

@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import config_layers, config_sections
+import pipeline.config.layers as config_layers
+import pipeline.config.run as config_run
+import pipeline.config.sections as config_sections
 from pipeline.config import STAGE_KEYS, build_config, run_values
-from pipeline.config_docs import field_docs, keys_table
-from pipeline.config_selection import SEARCH, SEARCHABLE, SelectionConfig
 from pipeline.errors import FSCILError
+from pipeline.research.keys import field_docs, keys_table
 from pipeline.research.selection import selection_order
+from pipeline.research.selection_config import SEARCH, SEARCHABLE, SelectionConfig
 from tests.pipeline_fixtures import cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,9 +45,9 @@ def test_a_key_declared_once_reaches_config_show_the_stage_params_and_the_table(
 
     types = {**config_sections.RUN_SECTION_TYPES, "incremental": WithNewKey}
     monkeypatch.setattr(config_sections, "RUN_SECTION_TYPES", types)
-    monkeypatch.setattr(config_layers, "SECTION_TYPES", {**types, "selection": SelectionConfig})
-    monkeypatch.setattr("pipeline.config.SECTION_TYPES", {**types, "selection": SelectionConfig}, raising=False)
-    monkeypatch.setattr("pipeline.config_docs.RUN_SECTION_TYPES", types)
+    monkeypatch.setattr(config_layers, "SECTION_TYPES", types)
+    monkeypatch.setattr(config_run, "SECTION_TYPES", types)
+    monkeypatch.setattr("pipeline.research.keys.RUN_SECTION_TYPES", types)
     cfg = build_config({"incremental": {"label_smoothing": 0.1}})
     assert cfg.incremental.label_smoothing == 0.1 and cfg.origins["incremental.label_smoothing"] == "params.yaml"
     assert run_values(cfg)["incremental"]["label_smoothing"] == 0.1

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import pipeline.config as config
-import pipeline.config_layers as config_layers
+import pipeline.config.layers as config_layers
 from pipeline.config import build_config, load_config
 from pipeline.errors import FSCILError
 from tests.pipeline_fixtures import cli

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from pipeline.config import load_config
-from pipeline.training.schedule import BASE_SCHEDULES, SCHEDULES
+from pipeline.training.registry import BASE_SCHEDULES, SCHEDULES
 from tests.pipeline_fixtures import NUM_SESSIONS
 
 REPO_DVC = Path(__file__).resolve().parents[1] / "dvc.yaml"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config_sections import BaseConfig
+from pipeline.config.sections import BaseConfig
 from pipeline.data.augment import crop_boxes, test_transform, train_augment
 from pipeline.data.mixing import mixup_cutmix
 from pipeline.data.presets import PRESETS, get_preset

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.data.class_folder import class_folder_protocol, read_class_folder
+from pipeline.data.class_folder import read_class_folder
 from pipeline.data.pack import ImagePack
+from pipeline.data.sampling import seeded_protocol
 from stages.prepare import run
 from tests.data_fixtures import assert_prepare_fails, write_class_folder, write_image
 
@@ -64,7 +65,7 @@ def test_generator_is_seeded(tmp_path: Path) -> None:
     source = read_class_folder(tmp_path / "raw")
 
     def draw(seed: int):
-        split, sessions = class_folder_protocol(source, None, 2, 3, 2, 0.2, seed)
+        split, sessions = seeded_protocol(source, None, 2, 3, 2, 0.2, seed)
         return split.is_train, sessions
 
     (a_train, a_sessions), (b_train, b_sessions), (c_train, _) = draw(1), draw(1), draw(2)

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from pipeline.config import load_config
-from pipeline.config_selection import SelectionConfig
 from pipeline.data.augment import test_transform
 from pipeline.data.mixing import deviation_draws, lend_deviations
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.errors import FSCILError
 from pipeline.research.selection import select, selection_order
+from pipeline.research.selection_config import SelectionConfig
 from pipeline.seeding import seeded_generator
 from pipeline.store.feature_store import FeatureStore
 from pipeline.training.base_model import load_base_model

@@ -47,7 +47,8 @@ def test_the_research_tools_never_import_the_stages():
 
 
 def test_models_ops_and_losses_read_no_presets_or_files_through_the_config():
-    config = ("pipeline.config", "pipeline.config_layers", "pipeline.config_sections", "pipeline.config_selection")
+    config = ("pipeline.config", "pipeline.config.layers", "pipeline.config.sections", "pipeline.config.run",
+              "pipeline.research.selection_config")
     for folder in ("pipeline/models", "pipeline/ops", "pipeline/losses"):
         assert offenders(folder, config) == [], folder
 
@@ -57,27 +58,38 @@ def test_the_checker_sees_imports_inside_functions():
     assert "pipeline.research.benchmark" in names and "pipeline.atomic" in names
 
 
-def test_each_registry_is_keyed_by_the_names_the_config_accepts():
-    from pipeline import names
-    from pipeline.losses.class_sensitive import SEPARATION_FORMS, SUPPRESSION_FORMS, SUPPRESSION_TARGETS
-    from pipeline.losses.classification import DR_WEIGHTINGS
-    from pipeline.models.backbones import BACKBONES
-    from pipeline.models.classifier import HEADS
-    from pipeline.models.mixers import SSM_BRANCHES
-    from pipeline.models.projector import PROJECTOR_KINDS
-    from pipeline.ops.selective_scan import SCAN_CHOICES
-    from pipeline.training.schedule import SCHEDULES
+def test_a_choice_key_accepts_exactly_its_registrys_names():
+    """Every key bound to a registry (`choice`): each registered name is accepted, another is refused with the
+    registry's names in the one-line error; no key keeps a list of its own."""
+    import dataclasses
 
-    assert tuple(BACKBONES) == names.BACKBONES and tuple(PROJECTOR_KINDS) == names.PROJECTORS
-    assert tuple(HEADS) == names.HEADS and tuple(SUPPRESSION_TARGETS) == names.SUPPRESSION_TARGETS
-    assert tuple(SUPPRESSION_FORMS) == names.SUPPRESSION_FORMS and tuple(SEPARATION_FORMS) == names.SEPARATION_FORMS
-    assert tuple(DR_WEIGHTINGS) == names.DR_WEIGHTINGS and tuple(SCHEDULES) == names.SCHEDULES
-    assert tuple(SSM_BRANCHES) == names.SSM_BRANCHES
-    assert SCAN_CHOICES is names.SCAN_CHOICES
+    import pytest
+
+    from pipeline.config import SECTION_TYPES
+    from pipeline.config.fields import choices
+    from pipeline.errors import FSCILError
+    from pipeline.registry import all_registries
+
+    bound = {}
+    for section, cls in SECTION_TYPES.items():
+        for f in dataclasses.fields(cls):
+            if (registry := choices(f)) is not None:
+                bound[f"{section}.{f.name}"] = registry
+                for name in registry:  # accepted as a name (other rules of the section may still want more keys)
+                    try:
+                        cls(**{f.name: name})
+                    except FSCILError as err:
+                        assert f"{section}.{f.name} must be one of" not in str(err), err
+                with pytest.raises(FSCILError, match=rf"{section}.{f.name} must be one of {', '.join(registry)}"):
+                    cls(**{f.name: "not_registered"})
+    # every registry but the model's internal token mixers is some key's choices
+    unbound = {n for n, r in all_registries().items() if all(r is not b for b in bound.values())}
+    assert unbound == {"pipeline.models.registry.MIXERS"}, unbound
 
 
 def test_the_config_imports_no_model_loss_store_training_or_kernel_code():
-    """Checked in a fresh interpreter: building a config loads only config, data-description and name modules."""
+    """Checked in a fresh interpreter: building a config loads only config, data-description and registry modules
+    (names and where their entries live, torch-free)."""
     import subprocess
     import sys
 
@@ -87,7 +99,8 @@ def test_the_config_imports_no_model_loss_store_training_or_kernel_code():
                             check=True).stdout.split()
     assert "torch" not in loaded
     assert not [m for m in loaded if m.startswith(("pipeline.models", "pipeline.losses", "pipeline.store",
-                                                   "pipeline.training", "pipeline.ops", "pipeline.research"))]
+                                                   "pipeline.training", "pipeline.ops", "pipeline.research"))
+                and not m.endswith((".registry", "pipeline.ops.scan_dispatch")) and "." in m.removeprefix("pipeline.")]
 
 
 def test_no_function_in_the_library_runs_over_60_lines():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pipeline.config import load_config
-from pipeline.config_sections import ExtractConfig
+from pipeline.config.sections import ExtractConfig
 from pipeline.data.augment import test_transform
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset

@@ -1,16 +1,18 @@
-"""The projector family (paper table diff_archs): every registered token mixer keeps the branch's invariants, S4's
-parameters do not depend on the input while SS2D's do, and the suppression loss follows the appendix's rule."""
+"""The projector family (paper table diff_archs): every registered branch (each selective-SSM branch and each token
+mixer of pipeline/models/registry.py: a new one is tested here without being named) keeps the branch's invariants,
+S4's parameters do not depend on the input while SS2D's do, and the suppression loss follows the appendix's rule."""
 
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.config_sections import ModelConfig
+from pipeline.config.sections import ModelConfig
 from pipeline.errors import FSCILError
-from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS
-from pipeline.models.mixers import MIXERS, S4Branch, TransformerBranch
-from pipeline.models.projector import PROJECTOR_KINDS, suppression_target
+from pipeline.losses.registry import SUPPRESSION_TARGETS
+from pipeline.models.mixers import S4Branch, TransformerBranch
+from pipeline.models.projector import suppression_target
+from pipeline.models.registry import MIXERS, PROJECTOR_KINDS, SSM_BRANCHES
 from pipeline.models.ss2d import BranchDims, SS2DBranch
 from pipeline.ops.cross_scan import cross_merge, cross_scan
 from tests.test_selective_scan import naive_scan
@@ -30,22 +32,34 @@ def _x(branch, f):
     return F.silu(branch.conv(branch.in_proj(tok).chunk(2, dim=-1)[0].transpose(1, 2).reshape(n, -1, *HW)))
 
 
+def branches() -> dict:
+    """Every registered branch class: the selective-SSM branches and the token mixers (read when the tests are
+    collected: an entry registered before then is walked too)."""
+    return {**{f"ssm:{n}": SSM_BRANCHES[n] for n in SSM_BRANCHES}, **{n: MIXERS[n] for n in MIXERS}}
+
+
+BRANCHES = branches()
+
+
 def test_the_registry_names_the_papers_projectors():
-    assert set(MIXERS) == {"selective_ssm", "s4", "mlp", "transformer", "gru", "lstm"}
-    assert {name for name, kind in PROJECTOR_KINDS.items() if kind.dual} == {
+    assert {"ss2d", "mamba_1d"} <= set(SSM_BRANCHES) and {"s4", "mlp", "transformer", "gru", "lstm"} <= set(MIXERS)
+    assert {name for name, kind in PROJECTOR_KINDS.items() if kind.dual} >= {
         "dual_ssm", "mlp", "s4", "transformer", "gru", "lstm", "expanding_mlp"}
     assert [name for name, kind in PROJECTOR_KINDS.items() if kind.expanding] == ["expanding_mlp"]
-    assert {name for name, cls in MIXERS.items() if cls.gated} == {"selective_ssm", "s4"}
+    assert {name for name, cls in BRANCHES.items() if cls.gated} >= {"ssm:ss2d", "ssm:mamba_1d", "s4"}
+    assert not any(MIXERS[n].gated for n in ("mlp", "transformer", "gru", "lstm"))
 
 
-@pytest.mark.parametrize("name", sorted(MIXERS))
+@pytest.mark.parametrize("name", sorted(BRANCHES))
 @pytest.mark.parametrize("k", [1, 4])
 def test_every_mixer_shapes_finite_and_every_parameter_trains(name, k):
     torch.manual_seed(0)
-    branch = MIXERS[name](C, HW, _dims(k_paths=k))
+    branch = BRANCHES[name](C, HW, _dims(k_paths=k))
     mu, aux = branch(torch.randn(5, C, *HW), return_aux=True)
     assert mu.shape == (5, 16) and torch.isfinite(mu).all() and aux["z"].shape == (5, L, 16)
-    if name in ("selective_ssm", "s4"):
+    if name == "ssm:mamba_1d":  # one block shared by the K orders returns the first order's parameters
+        assert aux["B"].shape[0] == 5 and aux["B"].shape[2:] == (L, 4)
+    elif branch.gated:
         assert aux["B"].shape == aux["C"].shape == (5, k, L, 4) and aux["delta"].shape == (5, k, L, 16)
     else:
         assert set(aux) == {"z"}
@@ -54,10 +68,10 @@ def test_every_mixer_shapes_finite_and_every_parameter_trains(name, k):
     assert not missing
 
 
-@pytest.mark.parametrize("name", sorted(MIXERS))
+@pytest.mark.parametrize("name", sorted(BRANCHES))
 def test_zero_gate_gives_zero_output_and_gradient_only_on_p_z(name):
     torch.manual_seed(0)
-    branch = MIXERS[name](C, HW, _dims(), zero_init_gate=True)
+    branch = BRANCHES[name](C, HW, _dims(), zero_init_gate=True)
     mu = branch(torch.randn(5, C, *HW))
     assert torch.equal(mu, torch.zeros_like(mu))  # mu_inc = 0 when session 1 starts, for every mixer
     mu.sum().backward()
@@ -66,12 +80,12 @@ def test_zero_gate_gives_zero_output_and_gradient_only_on_p_z(name):
     assert branch.in_proj.weight.grad[:16].abs().max() == 0  # of in_proj, only the p_z rows
 
 
-@pytest.mark.parametrize("name", sorted(MIXERS))
+@pytest.mark.parametrize("name", ["ssm:ss2d", *sorted(MIXERS)])  # the authors' 1-D block keeps its own scale
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_every_mixer_starts_at_the_scans_output_scale(name, k):
-    # the first gradient of g_inc (gate at zero) is proportional to the mixer's output: all start at ~K x
+    # the first gradient of g_inc (gate at zero) is proportional to the mixer's output: all start at ~K x, as SS2D
     torch.manual_seed(0)
-    branch = MIXERS[name](32, HW, _dims(dim=64, d_state=8, dt_rank=8, k_paths=k))
+    branch = BRANCHES[name](32, HW, _dims(dim=64, d_state=8, dt_rank=8, k_paths=k))
     x = _x(branch, torch.randn(64, 32, *HW))
     y, _ = branch.mix(x, HW)
     ratio = (y.pow(2).mean() / x.pow(2).mean()).sqrt().item()

@@ -14,11 +14,12 @@ import yaml
 
 import pipeline.research.pseudo_pack as pseudo_pack
 import pipeline.research.selection as selection
-from pipeline.config import load_config
-from pipeline.config_selection import SelectionConfig
+from pipeline.atomic import OWNER_FILE
+from pipeline.config import load_config, read_yaml
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError
 from pipeline.models.fscil import build_head
+from pipeline.research.selection_config import SelectionConfig, load_selection
 from pipeline.store.feature_store import FeatureStore
 from pipeline.training.base_model import MODEL_FILE
 from pipeline.training.checkpoint import load_checkpoint, unprefixed
@@ -42,7 +43,8 @@ def selection_run(real_pack, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ImagePack, "read_images", spy)
         mp.setattr(selection, "run_candidate", lambda *args: runs.append(args[0]) or run_candidate(*args))
-        result = selection.select(load_config(params), paths.pack, root / "out", work_dir=root / "work")
+        result = selection.select(load_config(params), paths.pack, root / "out", load_selection(read_yaml(params)),
+                                  work_dir=root / "work")
     return SimpleNamespace(result=result, requested=requested, runs=runs, out=root / "out", work=root / "work")
 
 
@@ -250,5 +252,5 @@ def test_cli_select(real_pack, tmp_path, monkeypatch):
     assert "chosen: incremental.freeze_base=True" in result.output and "incremental.lambda3=0.1" in result.output
     # -q turns off bars, not information: a line per candidate with the count and an ETA
     assert "[8/8 candidates, elapsed" in result.output and "incremental.lambda3=0.1: AVG" in result.output
-    assert sorted(p.name for p in out.iterdir()) == ["selected.yaml", "selection.csv", "selection.json"]
+    assert sorted(p.name for p in out.iterdir()) == [OWNER_FILE, "selected.yaml", "selection.csv", "selection.json"]
     assert (tmp_path / "chosen.work" / "pseudo_pack.h5").is_file() and len(calls) == 4

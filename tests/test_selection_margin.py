@@ -10,9 +10,9 @@ import pytest
 
 import pipeline.research.selection as selection
 from pipeline.config import load_config
-from pipeline.config_selection import SelectionConfig
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError
+from pipeline.research.selection_config import SelectionConfig
 
 
 def test_paired_gain_in_standard_errors_against_a_hand_computation():

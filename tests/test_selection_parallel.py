@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from pipeline.config import load_config
-from pipeline.config_selection import SelectionConfig
 from pipeline.research.selection import select
+from pipeline.research.selection_config import SelectionConfig
 from tests.selection_fixtures import TINY_SELECTION
 
 

@@ -15,9 +15,9 @@ import yaml
 import pipeline.research.selection as selection
 import pipeline.training.base_session as base_session
 from pipeline.config import build_config, load_config
-from pipeline.config_selection import SelectionConfig
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError, TrainingDiverged
+from pipeline.research.selection_config import SelectionConfig
 from pipeline.store.feature_store import FeatureStore
 from pipeline.training.base_model import MODEL_FILE
 from pipeline.training.checkpoint import load_checkpoint

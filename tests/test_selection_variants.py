@@ -10,8 +10,8 @@ import yaml
 
 import pipeline.research.selection as selection
 from pipeline.config import build_config
-from pipeline.config_selection import SelectionConfig
 from pipeline.errors import FSCILError
+from pipeline.research.selection_config import SelectionConfig
 from tests.selection_fixtures import TINY_SELECTION
 
 

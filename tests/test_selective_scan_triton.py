@@ -98,7 +98,7 @@ def test_block_sizes_keep_one_group_per_program():
 def test_ss2d_branch_through_the_triton_scan(monkeypatch, k):
     """The shapes SS2DBranch passes (K paths as groups, its A, D, delta_bias, softplus): output and every
     parameter's gradient equal to the branch on the PyTorch scan."""
-    from pipeline.config_sections import ModelConfig
+    from pipeline.config.sections import ModelConfig
     from pipeline.models import ss2d
     from pipeline.models.ss2d import BranchDims, SS2DBranch
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.config_sections import ModelConfig
+from pipeline.config.sections import ModelConfig
 from pipeline.models.mixers import MLPBranch, ssm_mixer_parameters
 from pipeline.models.projector import PROJECTOR_KINDS, Projector
 from pipeline.models.ss2d import BranchDims, SS2DBranch, mamba_dt_bias

@@ -259,7 +259,7 @@ def test_every_key_a_run_reads_is_in_its_digests():
     incremental.base_lr_scale 1.0 and 0.5 give different digests and study run keys. A key the run does not read
     is left out: with p_iden / g_base frozen, base_lr_scale has nothing to scale."""
     from pipeline.config import build_config
-    from pipeline.config_sections import RUN_SECTION_TYPES
+    from pipeline.config.sections import RUN_SECTION_TYPES
     from pipeline.research.selection import CANDIDATE_SECTIONS
     from pipeline.training.base_model import BASE_MODEL_SECTIONS, config_digest
     from pipeline.training.incremental_session import SECTIONS
@@ -286,12 +286,14 @@ def test_a_second_process_on_the_same_work_folder_stops_and_touches_nothing(tmp_
     import subprocess
     import sys
 
-    work = tmp_path / "ablation.work"
+    from pipeline.atomic import mark_folder
+
+    work = mark_folder(tmp_path / "ablation.work", "fscil study (work)")  # the other study's, as it made it
     (work / "sessions").mkdir(parents=True)
     (work / "sessions" / "in_progress").write_text("the other study's scratch")
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; from pipeline.workdir import locked\n"
-        f"with locked({str(work)!r}):\n    print('held', flush=True); time.sleep(60)")],
+        f"with locked({str(work)!r}, 'fscil study'):\n    print('held', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
     try:
         assert holder.stdout.readline().strip() == "held"

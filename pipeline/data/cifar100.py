@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.data.builders import cec_pack
 from pipeline.data.checksums import digest_algorithm, file_digest
 from pipeline.data.source import SourceDataset, one_line, require_dir
 from pipeline.errors import FSCILError
@@ -111,3 +112,8 @@ def read_cifar100(root: Path, verify_checksums: bool = True,
         arrays=np.concatenate([train_x, test_x]),
         provenance={"root": str(root), "files": provenance_sums, "checksums_verified": bool(verify_checksums)},
     )
+
+
+def build(cfg):
+    """The pack of cifar100 with its CEC split files (a `DATASETS` entry)."""
+    return cec_pack(cfg, read_cifar100(Path(cfg.root), cfg.verify_checksums, cfg.checksums))

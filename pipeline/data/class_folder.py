@@ -1,7 +1,7 @@
 """Any image tree: `root/<class>/<image>` or nested `root/<group>/<class>/<image>`.
 
 A class is a folder that directly holds image files; its name is its path relative to root (posix
-separators) and classes are sorted by name. There is no official split, so `class_folder_protocol`
+separators) and classes are sorted by name. There is no official split, so `seeded_protocol`
 draws one from a seed: a per-class test fraction, then (optionally shuffled) class order, base classes,
 and `shots` random training images per novel class. The chosen protocol is saved in the pack.
 """
@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.sampling import draw_sessions, split_test
+from pipeline.data.builders import seeded_pack
 from pipeline.data.source import SourceDataset, require_dir
 from pipeline.errors import FSCILError
 
@@ -68,30 +67,6 @@ def read_class_folder(root: Path) -> SourceDataset:
     )
 
 
-def class_folder_protocol(source: SourceDataset, base_classes: int | None, ways: int, shots: int, sessions: int,
-                          test_fraction: float, seed: int,
-                          shuffle_classes: bool = True) -> tuple[SourceDataset, list[np.ndarray]]:
-    """Draw a protocol: returns the source with its train/test split set, and the training ids per session.
-
-    base_classes None means every class not used by the incremental sessions. With shuffle_classes the class
-    order (hence which classes are base) is a seeded permutation, otherwise the sorted name order.
-    """
-    num_classes = len(source.class_names)
-    if base_classes is None:
-        base_classes = num_classes - ways * sessions
-        if base_classes < 1:
-            raise FSCILError(f"{source.root}: {num_classes} classes cannot fill {sessions} sessions x {ways} ways "
-                             "plus a base session")
-    rng = np.random.default_rng(seed)
-    try:
-        is_test = split_test(source.labels, test_fraction, rng, source.class_names)
-    except FSCILError as err:  # name the folder the class is in
-        raise FSCILError(f"{source.root}: {err}") from None
-    order = rng.permutation(num_classes) if shuffle_classes else np.arange(num_classes)
-    train_sessions = draw_sessions(source.labels, ~is_test, order, base_classes, ways, shots, sessions, rng,
-                                   source.class_names)
-    protocol_info = {"generator": "class_folder", "seed": seed, "base_classes": base_classes, "ways": ways,
-                     "shots": shots, "sessions": sessions, "test_fraction": test_fraction,
-                     "shuffle_classes": shuffle_classes}
-    split_source = replace(source, is_train=~is_test, provenance={**source.provenance, "protocol": protocol_info})
-    return split_source, train_sessions
+def build(cfg):
+    """The pack of class folders under data.root, its protocol drawn from the seed (a `DATASETS` entry)."""
+    return seeded_pack(cfg, read_class_folder(Path(cfg.root)))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.data.builders import cec_pack
 from pipeline.data.checksums import digest_files, verify_checksums
 from pipeline.data.source import SourceDataset, read_text_lines, require_dir
 from pipeline.errors import FSCILError
@@ -83,3 +84,8 @@ def read_cub200(root: Path, verify: bool = True, checksums: Mapping[str, str] | 
         paths=[images_dir / k for k in keys],
         provenance={"root": str(root), "files": {**digest_files(root, list(INDEX_FILES)), **sums}},
     )
+
+
+def build(cfg):
+    """The pack of cub200 with its CEC split files (a `DATASETS` entry)."""
+    return cec_pack(cfg, read_cub200(Path(cfg.root), cfg.verify_checksums, cfg.checksums))

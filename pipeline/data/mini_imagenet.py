@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.data.builders import cec_pack
 from pipeline.data.checksums import digest_files, verify_checksums
 from pipeline.data.source import SourceDataset, read_text_lines, require_dir
 from pipeline.errors import FSCILError
@@ -77,3 +78,8 @@ def read_mini_imagenet(root: Path, split_dir: Path | None = None, verify: bool =
         provenance={"root": str(root), "csv_dir": str(csv_dir),
                     "files": {**digest_files(csv_dir, list(CSV_FILES)), **sums}},
     )
+
+
+def build(cfg):
+    """The pack of mini_imagenet with its CEC split files (a `DATASETS` entry)."""
+    return cec_pack(cfg, read_mini_imagenet(Path(cfg.root), Path(cfg.split_dir), cfg.verify_checksums, cfg.checksums))

@@ -12,7 +12,7 @@ The official distribution is a set of zip files, each holding `<set>/<alphabet>/
 folder holding it). A class is one character, named `<alphabet>/<character>`; classes are sorted by name. The
 zips with a published digest are checked against it (and any zip against `data.checksums` keyed by its file
 name); nothing is ever downloaded. Images are decoded as grayscale replicated to 3 channels. There is no official
-FSCIL split: the protocol is drawn from the seed like a class-folder dataset's (`class_folder_protocol`).
+FSCIL split: the protocol is drawn from the seed like a class-folder dataset's (`seeded_protocol`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from pipeline.data.builders import seeded_pack
 from pipeline.data.checksums import digest_algorithm
 from pipeline.data.class_folder import read_class_folder
 from pipeline.data.source import SourceDataset
@@ -105,3 +106,8 @@ def read_omniglot(root: Path, verify_checksums: bool = True, checksums: Mapping[
             return _read_zip(zips[0], checksums, verify_checksums)
         return _read_folder(root)
     raise FSCILError(f"missing Omniglot data {root} (expected an official zip or its extracted folder)")
+
+
+def build(cfg):
+    """The pack of an Omniglot zip or folder, its protocol drawn from the seed (a `DATASETS` entry)."""
+    return seeded_pack(cfg, read_omniglot(Path(cfg.root), cfg.verify_checksums, cfg.checksums))

@@ -6,8 +6,11 @@ drawn from one `numpy.random.Generator`, so (labels, parameters, seed) fully det
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from pipeline.data.source import SourceDataset
 from pipeline.errors import FSCILError
 
 
@@ -52,3 +55,32 @@ def draw_sessions(labels: np.ndarray, train_mask: np.ndarray, class_order: np.nd
             chosen.append(np.sort(rng.choice(pool, size=shots, replace=False)))
         out.append(np.concatenate(chosen))
     return out
+
+
+def seeded_protocol(source: SourceDataset, base_classes: int | None, ways: int, shots: int, sessions: int,
+                          test_fraction: float, seed: int,
+                          shuffle_classes: bool = True) -> tuple[SourceDataset, list[np.ndarray]]:
+    """Draw a protocol: returns the source with its train/test split set, and the training ids per session.
+
+    base_classes None means every class not used by the incremental sessions. With shuffle_classes the class
+    order (hence which classes are base) is a seeded permutation, otherwise the sorted name order.
+    """
+    num_classes = len(source.class_names)
+    if base_classes is None:
+        base_classes = num_classes - ways * sessions
+        if base_classes < 1:
+            raise FSCILError(f"{source.root}: {num_classes} classes cannot fill {sessions} sessions x {ways} ways "
+                             "plus a base session")
+    rng = np.random.default_rng(seed)
+    try:
+        is_test = split_test(source.labels, test_fraction, rng, source.class_names)
+    except FSCILError as err:  # name the folder the class is in
+        raise FSCILError(f"{source.root}: {err}") from None
+    order = rng.permutation(num_classes) if shuffle_classes else np.arange(num_classes)
+    train_sessions = draw_sessions(source.labels, ~is_test, order, base_classes, ways, shots, sessions, rng,
+                                   source.class_names)
+    protocol_info = {"generator": "class_folder", "seed": seed, "base_classes": base_classes, "ways": ways,
+                     "shots": shots, "sessions": sessions, "test_fraction": test_fraction,
+                     "shuffle_classes": shuffle_classes}
+    split_source = replace(source, is_train=~is_test, provenance={**source.provenance, "protocol": protocol_info})
+    return split_source, train_sessions

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pipeline.losses.registry import SEPARATION_DELTAS, SEPARATION_FORMS, SEPARATION_PATHS, SUPPRESSION_FORMS
+
 
 def grouped(t: torch.Tensor, groups: int) -> torch.Tensor:
     """(N, ...) -> (G, N / G, ...): row r of the batch is row r // G of group r % G."""
@@ -33,21 +35,18 @@ def _group_masks(is_base: torch.Tensor, groups: int, dtype: torch.dtype) -> torc
 
 
 # ---- suppression (eq. loss_supp): what one group's term is, given its rows z (G, M, E) and a row mask (G, M) ----
-def _squared_mean(z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def suppression_squared_mean(z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The paper's text: the group's mean of ||Z_i||^2 / (L D')."""
     per_row = z.pow(2).mean(dim=-1)
     return (per_row * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1)
 
 
-def _norm_per_element(z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def suppression_norm_per_element(z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The authors' code: the Frobenius norm of the group's whole Z tensor, not squared, over its element count.
     vector_norm's gradient at a zero tensor is 0 (g_inc's gate starts at zero)."""
     # reduced over one contiguous axis: over the strided (rows, elements) view float32 lost ~1e-5 of the norm
     norm = torch.linalg.vector_norm((z * mask[..., None]).reshape(len(z), -1), dim=1)
     return norm / (mask.sum(dim=1) * z.shape[-1]).clamp_min(1)
-
-
-SUPPRESSION_FORMS = {"squared_mean": _squared_mean, "norm_per_element": _norm_per_element}
 
 
 def gated_group_mean(per_group: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -71,25 +70,33 @@ def suppression_loss(z: torch.Tensor, is_base: torch.Tensor, lambda1: float, lam
     return total
 
 
-# what the suppression loss acts on (paper table supp_comparison); each maps (aux, mu_inc) -> tensor or None
-SUPPRESSION_TARGETS = {
-    "z": lambda aux, mu_inc: aux["z"],
-    "silu_z": lambda aux, mu_inc: F.silu(aux["z"]),
-    # g_inc's output; of the expanding baseline, the output of its newest branch (the earlier ones are frozen)
-    "mu_inc": lambda aux, mu_inc: aux.get("mu_newest", mu_inc),
-    # the authors' 1-D branch: its K orders' gate streams summed with the reversed orders flipped on the channel
-    # axis, not the token axis (a defect of their code that the published CIFAR-100 / miniImageNet numbers carry)
-    "z_channel_flip": lambda aux, mu_inc: aux.get("z_channel_flip"),
-}
+# ---- what the suppression loss acts on (paper table supp_comparison): (aux, mu_inc) -> tensor or None ----
+def target_z(aux: dict, mu_inc: torch.Tensor | None) -> torch.Tensor:
+    return aux["z"]
+
+
+def target_silu_z(aux: dict, mu_inc: torch.Tensor | None) -> torch.Tensor:
+    return F.silu(aux["z"])
+
+
+def target_mu_inc(aux: dict, mu_inc: torch.Tensor | None) -> torch.Tensor | None:
+    """g_inc's output; of the expanding baseline, the output of its newest branch (the earlier ones are frozen)."""
+    return aux.get("mu_newest", mu_inc)
+
+
+def target_z_channel_flip(aux: dict, mu_inc: torch.Tensor | None) -> torch.Tensor | None:
+    """The authors' 1-D branch: its K orders' gate streams summed with the reversed orders flipped on the channel
+    axis, not the token axis (a defect of their code that the published CIFAR-100 / miniImageNet numbers carry)."""
+    return aux.get("z_channel_flip")
 
 
 # ---- separation (eq. loss_sep): one parameter kind's term from the groups' means (G, 2, D_P) ----
-def _abs_cos(means: torch.Tensor) -> torch.Tensor:
+def separation_abs_cos(means: torch.Tensor) -> torch.Tensor:
     """The paper's text: |cos(P_bar_base, P_bar_novel)| (0 where a mean is all zero)."""
     return F.cosine_similarity(means[:, 0], means[:, 1], dim=-1).abs()
 
 
-def _confusion_mean(means: torch.Tensor) -> torch.Tensor:
+def separation_confusion_mean(means: torch.Tensor) -> torch.Tensor:
     """The authors' code: mean over the 2 x 2 matrix |I - S| of the cosines S between the two means, |cos| / 2 up
     to the rounding of the diagonal."""
     unit = F.normalize(means, dim=-1)
@@ -97,10 +104,6 @@ def _confusion_mean(means: torch.Tensor) -> torch.Tensor:
     return (torch.eye(2, dtype=sim.dtype, device=sim.device) - sim).abs().mean(dim=(1, 2))
 
 
-SEPARATION_FORMS = {"abs_cos": _abs_cos, "confusion_mean": _confusion_mean}
-# which generated tensor stands for Delta (names.SEPARATION_DELTAS): the paper's softplus(dt_proj(dt) + bias),
-# D_inner wide, or the raw low-rank dt before dt_proj (the authors' code); which scan paths the means average
-# (names.SEPARATION_PATHS): all K, or the first token order's only (the authors' 1-D branch returns only those)
 
 
 def separation_loss(params: dict[str, torch.Tensor], is_base: torch.Tensor, form: str = "abs_cos",
@@ -114,13 +117,13 @@ def separation_loss(params: dict[str, torch.Tensor], is_base: torch.Tensor, form
     when the branch generates no parameters. Means are masked sums, not boolean indexing: no shape that depends on
     data, no wait for the device.
     """
-    keys = [k for k in ("B", "C", delta) if k in params]
+    keys = [k for k in ("B", "C", SEPARATION_DELTAS[delta]) if k in params]
     if not keys:
         return is_base.new_zeros((), dtype=torch.float32)
     masks = None
     total = 0.0
     for key in keys:
-        p = params[key][:, :1] if paths == "first" else params[key]
+        p = params[key][:, SEPARATION_PATHS[paths]]
         p = grouped(p.flatten(1, 2), groups)  # (G, M, K*L, D_P)
         if masks is None:
             masks = _group_masks(is_base, groups, p.dtype).transpose(0, 1)  # (G, 2, M)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pipeline.losses.registry import DR_WEIGHTINGS
+
 
 def _reduce(per_sample: torch.Tensor, weight: torch.Tensor | None, denominator: float | None) -> torch.Tensor:
     if weight is not None:
@@ -51,7 +53,8 @@ def target_weights(kind: str, target_a: torch.Tensor, target_b: torch.Tensor,
     """Each target's per-sample weights under a DR weighting (`DR_WEIGHTINGS`), for `mixed_loss`; None when uniform.
     Computed on the batch given (the global batch when it is split across processes)."""
     rule = DR_WEIGHTINGS[kind]
-    return None if rule is None else (rule(target_a, num_classes), rule(target_b, num_classes))
+    weights = rule(target_a, num_classes), rule(target_b, num_classes)
+    return None if weights[0] is None else weights
 
 
 def class_balance_weights(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
@@ -62,5 +65,6 @@ def class_balance_weights(labels: torch.Tensor, num_classes: int) -> torch.Tenso
     return labels.shape[0] / present / counts[labels]
 
 
-# how the samples of a batch weigh in the DR loss (params incremental.dr_weighting): None is the plain mean
-DR_WEIGHTINGS = {"uniform": None, "class_balanced": class_balance_weights}
+def uniform_weights(labels: torch.Tensor, num_classes: int) -> None:
+    """The plain mean (the paper): no weights."""
+    return None

@@ -111,7 +111,6 @@ class Head:
         return dr_scale if self.scaled else 1.0
 
 
-HEADS: dict[str, Head] = {
-    "etf": Head(ETFClassifier, dot_regression_loss, scaled=True, score="cosine"),  # fixed ETF + DR (eq. loss_dr)
-    "linear": Head(LinearClassifier, cross_entropy_loss, scaled=False, score="probability"),  # + CE (ETF ablation)
-}
+# the heads of `HEADS` (pipeline/models/registry.py)
+ETF_HEAD = Head(ETFClassifier, dot_regression_loss, scaled=True, score="cosine")  # fixed ETF + DR (eq. loss_dr)
+LINEAR_HEAD = Head(LinearClassifier, cross_entropy_loss, scaled=False, score="probability")  # + CE (ETF ablation)

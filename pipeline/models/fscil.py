@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from pipeline.models.backbones import build_backbone
-from pipeline.models.classifier import HEADS
 from pipeline.models.projector import Projector, ProjectorOutput
+from pipeline.models.registry import HEADS
 
 
 class FSCILModel(nn.Module):

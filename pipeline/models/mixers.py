@@ -3,7 +3,7 @@ Projections"): each replaces the selective scan inside a projector branch and ke
 positional embedding, in_proj, the depthwise conv, the SiLU(Z) gate, pooling), so the dual-branch structure, the
 zero-initialised gate of g_inc (mu_inc = 0 when session 1 starts) and freezing work the same for all of them.
 
-`MIXERS` registers every choice by name, the selective scan included. `gated` says whether the appendix counts the
+Each is registered by name in `MIXERS` (pipeline/models/registry.py). `gated` says whether the appendix counts the
 mixer as a gating design: the suppression loss acts on Z for those (selective SSM, S4) and on g_inc's output for
 the others (MLP, Transformer, GRU, LSTM).
 
@@ -22,9 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.models.mamba1d import SharedMamba1DBranch
-from pipeline.models.ss2d import BranchBase, BranchDims, SS2DBranch, mamba_dt_bias
-from pipeline.names import ATTENTION_HEADS  # the appendix's 8-head Transformer
+from pipeline.models.registry import ATTENTION_HEADS  # the appendix's 8-head Transformer
+from pipeline.models.ss2d import BranchBase, BranchDims, mamba_dt_bias
 from pipeline.ops.cross_scan import cross_merge, cross_scan
 from pipeline.ops.selective_scan import selective_scan
 
@@ -226,21 +225,3 @@ class ExpandingBranches(nn.Module):
         mu, aux = newest(f, return_aux=True)
         aux["mu_newest"] = mu  # what the suppression acts on: the output of the branch that trains
         return total + mu, aux
-
-
-# the token mixer of a projector branch, by name (model.projector picks one through PROJECTOR_KINDS)
-MIXERS: dict[str, type[BranchBase]] = {
-    "selective_ssm": SS2DBranch,
-    "s4": S4Branch,
-    "mlp": MLPBranch,
-    "transformer": TransformerBranch,
-    "gru": GRUBranch,
-    "lstm": LSTMBranch,
-}
-
-# the selective-SSM branch of the dual_ssm / single_ssm projectors, by model.ssm_branch: SS2D (the paper's text;
-# the authors' CUB config) or one 1-D Mamba block shared by the K token orders (the authors' CIFAR-100 / mini configs)
-SSM_BRANCHES: dict[str, type[BranchBase]] = {
-    "ss2d": SS2DBranch,
-    "mamba_1d": SharedMamba1DBranch,
-}

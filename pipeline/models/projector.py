@@ -1,13 +1,7 @@
 """The projector (paper sec. "Dual Selective SSM Projector"): p_iden + g_base (+ g_inc), chosen by one string.
 
-kinds (params.yaml `model.projector`):
-- `dual_ssm`   the paper: frozen p_iden + g_base after the base session, g_inc trains in incremental sessions;
-- `single_ssm` ablation row 2: p_iden + g_base only, g_base keeps training in incremental sessions;
-- `mlp`        ablation row 1 / NC-FSCIL-like: the dual structure with a 3-layer MLP in place of the scan;
-- `s4`, `transformer`, `gru`, `lstm`: the dual structure with that token mixer in place of the selective scan
-  (paper table diff_archs; pipeline/models/mixers.py);
-- `expanding_mlp`: the expanding baseline (paper Fig. 1(b)): g_inc adds one MLP branch per session and freezes the
-  earlier ones.
+The kinds (params.yaml `model.projector`) are `PROJECTOR_KINDS` (pipeline/models/registry.py, `fscil list`): the
+paper's dual_ssm, ablation row 2's single_ssm, the dual structure with another token mixer, the expanding baseline.
 """
 
 from __future__ import annotations
@@ -17,27 +11,9 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from pipeline.models.mixers import MIXERS, SSM_BRANCHES, ExpandingBranches
+from pipeline.models.mixers import ExpandingBranches
+from pipeline.models.registry import PROJECTOR_KINDS
 from pipeline.models.ss2d import BranchBase, BranchDims
-
-
-@dataclass(frozen=True)
-class ProjectorKind:
-    mixer: str  # a key of MIXERS
-    dual: bool  # has a separate g_inc; otherwise g_base adapts in incremental sessions
-    expanding: bool = False  # g_inc grows by one branch per session (ExpandingBranches)
-
-    def branch(self, ssm_branch: str = "ss2d") -> type[BranchBase]:
-        """The branch class; the selective SSM's form is model.ssm_branch (`SSM_BRANCHES`)."""
-        return SSM_BRANCHES[ssm_branch] if self.mixer == "selective_ssm" else MIXERS[self.mixer]
-
-
-PROJECTOR_KINDS: dict[str, ProjectorKind] = {
-    "dual_ssm": ProjectorKind("selective_ssm", dual=True),
-    "single_ssm": ProjectorKind("selective_ssm", dual=False),
-    **{name: ProjectorKind(name, dual=True) for name in ("mlp", "s4", "transformer", "gru", "lstm")},
-    "expanding_mlp": ProjectorKind("mlp", dual=True, expanding=True),
-}
 
 
 def suppression_target(kind: str, configured: str) -> str:

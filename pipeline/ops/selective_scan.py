@@ -29,8 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from pipeline.names import SCAN_CHOICES
-from pipeline.ops.scan_dispatch import MEASURED, fastest
+from pipeline.ops.scan_dispatch import KERNELS, MEASURED, SCAN_CHOICES, fastest
 
 try:
     from mamba_ssm.ops.selective_scan_interface import selective_scan_fn as _cuda_selective_scan
@@ -58,11 +57,13 @@ def set_scan(choice: str) -> None:
 
 
 def _triton_scan():
-    try:
-        from pipeline.ops.selective_scan_triton import selective_scan_triton
+    import importlib
+
+    try:  # by name: a GPU kernel, no dependency of a CPU run (scan_dispatch.KERNELS)
+        module = importlib.import_module(KERNELS["triton"])
     except ImportError as err:
         raise ValueError(f"scan: triton needs the triton package (pip install -e '.[kernels]'): {err}") from None
-    return selective_scan_triton
+    return module.selective_scan_triton
 
 
 def selective_scan(

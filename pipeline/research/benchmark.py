@@ -29,7 +29,7 @@ def _median_ms(fn, repeats: int) -> float:
 
 def benchmark_branch(preset: str, overrides: dict, batch: int, channels: int, hw: int, repeats: int,
                      device: str = "cpu") -> dict:
-    from pipeline.models.projector import PROJECTOR_KINDS
+    from pipeline.models.registry import PROJECTOR_KINDS
     from pipeline.models.ss2d import BranchDims
 
     cfg, _ = preset_model_config(preset, overrides)

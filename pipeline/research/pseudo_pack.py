@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config_selection import SelectionConfig
 from pipeline.data.pack import ImagePack, PackContent, chunk_rows, write_pack
 from pipeline.data.protocol import FSCILProtocol
 from pipeline.data.sampling import draw_sessions, split_test
 from pipeline.errors import FSCILError
+from pipeline.research.selection_config import SelectionConfig
 
 PSEUDO_PACK = "pseudo_pack.h5"
 

@@ -41,12 +41,12 @@ import yaml
 from pipeline.atomic import atomic_output, atomic_write_text
 from pipeline.code_version import code_digest
 from pipeline.config import Config, check_combination, variant_keys
-from pipeline.config_selection import SEARCH, SelectionConfig
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.report import session_table, summarise, summarise_prototypes
 from pipeline.research.parallel import run_batches
 from pipeline.research.pseudo_pack import pseudo_packs
+from pipeline.research.selection_config import SEARCH, SelectionConfig
 from pipeline.training.base_model import BASE_MODEL_SECTIONS, MODEL_FILE, base_twin, config_digest
 from pipeline.training.base_session import base_stage, derive_base_model
 from pipeline.training.extract import extract_stage
@@ -254,22 +254,23 @@ def _run_cached(cand: Config, pack: tuple[Path, dict], work_dir: Path, results: 
     return {**results[ckey], "cached": cached, "key": ckey}
 
 
-def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionConfig | None = None, *,
+def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionConfig, *,
            work_dir: Path | None = None, log: Callable[[str], None] | None = None, reuse_stale: bool = False,
            jobs: int = 1) -> dict:
     """Run the selection; writes out_dir/{selection.csv, selected.yaml, selection.json} and returns
     {"chosen": {dotted key: value}, "rows": [one per candidate, in order], "pseudo_protocol": {...},
     "pseudo_protocols": [one per pseudo protocol]}.
 
-    candidates: the candidate sets (None: cfg.selection). work_dir (None: out_dir/work) keeps the pseudo packs, the
-    base models and feature stores and every candidate's result, so nothing computed there is computed again. With
+    candidates: the candidate sets (`load_selection`: the params' selection section). work_dir (None:
+    out_dir/work) keeps the pseudo packs, the base models and feature stores and every candidate's result, so
+    nothing computed there is computed again. With
     selection.protocols > 1 each candidate runs on every pseudo protocol (seed sel.seed + i, which also seeds its
     training) and scores the mean of their results. jobs > 1: each key's candidate runs in that many processes at
     once (one GPU each when several are visible; `_Selection.prefetch`), with the same results as one.
     """
     if jobs < 1:
         raise FSCILError(f"--jobs must be >= 1, got {jobs}")
-    sel = candidates or cfg.selection
+    sel = candidates
     # a named variant is what its name says: the keys it sets itself (a row's projector, its losses off) are held
     fixed = variant_keys(cfg.variant)
     full_order = selection_order(sel)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.atomic import atomic_output, atomic_write_text, claim_folder
+from pipeline.atomic import atomic_output, atomic_write_text, claim_folder, mark_folder
 from pipeline.config import Config, build_config
 from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
@@ -267,7 +267,7 @@ def write_study(sessions: pd.DataFrame, out_dir: Path, variants: list[str],
                 diverged: dict[tuple[str, int], str] | None = None) -> pd.DataFrame:
     """out_dir/{sessions.csv (every run's sessions), runs.csv (scores per run), table.csv, table.md, accuracy.png};
     `diverged` runs ((variant, seed) -> message) are listed under the table, not averaged."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    mark_folder(out_dir, "fscil study")
     table = study_table(sessions, variants, diverged=diverged or {})
     with atomic_output(out_dir / "sessions.csv") as tmp:
         sessions.to_csv(tmp, index=False)

@@ -1,9 +1,6 @@
 """ClassMemory: the stored backbone maps that stand for each learned class (paper eq. memory) and the rule that
-picks them (params extract.memory, the paper's memory ablation):
-
-- `mean`:    one class-mean map per class (the paper);
-- `random`:  one of the class's training maps, drawn at random;
-- `sampled`: k of the class's training maps (all of them when it has fewer), drawn at random.
+picks them (params extract.memory, the paper's memory ablation; `MEMORY_RULES`, pipeline/store/registry.py): each
+rule maps (maps, labels, k, generator) to the kept (maps, labels).
 
 The extract stage applies the rule to the base classes and records it in the feature store; every incremental
 session applies the store's rule to its own classes' shots, with a generator seeded by (seed, session).
@@ -16,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.names import MEMORY_KINDS  # noqa: F401 - the rules memory_rows and ClassMemory know
+from pipeline.store.registry import MEMORY_RULES
 
 
 def memory_rows(labels: np.ndarray, kind: str, k: int, gen: torch.Generator) -> np.ndarray:
@@ -33,6 +30,35 @@ def memory_rows(labels: np.ndarray, kind: str, k: int, gen: torch.Generator) -> 
     return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
 
 
+def class_means(maps: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean map of each class present in `labels`, classes sorted: ((k, C, H, W), (k,))."""
+    classes = np.unique(labels)
+    means = np.stack([maps[labels == c].astype(np.float64).mean(axis=0) for c in classes]).astype(np.float32)
+    return means, classes.astype(np.int64)
+
+
+def keep_mean(maps: np.ndarray, labels: np.ndarray, k: int, gen: torch.Generator | None):
+    """eq. memory: one class-mean map per class."""
+    return class_means(maps, labels)
+
+
+def _drawn(maps: np.ndarray, labels: np.ndarray, kind: str, k: int, gen: torch.Generator | None):
+    if gen is None:
+        raise ValueError(f"a {kind} memory needs a generator")
+    rows = memory_rows(labels, kind, k, gen)
+    return maps[rows].astype(np.float32), labels[rows].astype(np.int64)
+
+
+def keep_random(maps: np.ndarray, labels: np.ndarray, k: int, gen: torch.Generator | None):
+    """One of the class's training maps, drawn at random."""
+    return _drawn(maps, labels, "random", k, gen)
+
+
+def keep_sampled(maps: np.ndarray, labels: np.ndarray, k: int, gen: torch.Generator | None):
+    """k of the class's training maps (all of them when it has fewer), drawn at random."""
+    return _drawn(maps, labels, "sampled", k, gen)
+
+
 @dataclass
 class ClassMemory:
     maps: np.ndarray  # (M, C, H, W) float32; one row per class (mean, random) or up to k (sampled)
@@ -42,23 +68,13 @@ class ClassMemory:
     def empty(cls, map_shape: tuple[int, int, int]) -> ClassMemory:
         return cls(np.zeros((0, *map_shape), dtype=np.float32), np.zeros(0, dtype=np.int64))
 
-    @staticmethod
-    def class_means(maps: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Mean map of each class present in `labels`, classes sorted: ((k, C, H, W), (k,))."""
-        classes = np.unique(labels)
-        means = np.stack([maps[labels == c].astype(np.float64).mean(axis=0) for c in classes]).astype(np.float32)
-        return means, classes.astype(np.int64)
+    class_means = staticmethod(class_means)
 
     @classmethod
     def select(cls, maps: np.ndarray, labels: np.ndarray, kind: str = "mean", k: int = 1,
                gen: torch.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The maps the `kind` rule keeps of (maps, labels): ((M, C, H, W), (M,))."""
-        if kind == "mean":
-            return cls.class_means(maps, labels)
-        if gen is None:
-            raise ValueError(f"a {kind} memory needs a generator")
-        rows = memory_rows(labels, kind, k, gen)
-        return maps[rows].astype(np.float32), labels[rows].astype(np.int64)
+        """The maps the `kind` rule (`MEMORY_RULES`) keeps of (maps, labels): ((M, C, H, W), (M,))."""
+        return MEMORY_RULES[kind](maps, labels, k, gen)
 
     def added(self, maps: np.ndarray, labels: np.ndarray, kind: str = "mean", k: int = 1,
               gen: torch.Generator | None = None) -> ClassMemory:

@@ -12,15 +12,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.config_sections import ModelConfig
+from pipeline.config.sections import ModelConfig
 from pipeline.data.augment import test_transform
 from pipeline.data.class_folder import IMAGE_SUFFIXES
 from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.data.source import decode_rgb, fit_shorter_side, fit_square
 from pipeline.errors import FSCILError
-from pipeline.models.classifier import HEADS, Head
+from pipeline.models.classifier import Head
 from pipeline.models.fscil import FSCILModel, build_model
+from pipeline.models.registry import HEADS
 from pipeline.training.base_model import config_digest, config_values, load_base_model
 from pipeline.training.checkpoint import load_checkpoint, prefixed, read_metadata, save_checkpoint, unprefixed
 from pipeline.training.incremental_session import SECTIONS, STATE_FILE, load_session_state, session_rerun

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipeline.file_digest import file_digest
 from pipeline.models.fscil import FSCILModel, build_model
-from pipeline.models.projector import PROJECTOR_KINDS, ProjectorKind
+from pipeline.models.registry import PROJECTOR_KINDS, ProjectorKind
 from pipeline.training.checkpoint import load_checkpoint
 
 MODEL_FILE = "model.safetensors"

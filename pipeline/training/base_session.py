@@ -30,8 +30,8 @@ from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.losses.classification import cross_entropy_loss, mixed_loss, target_weights
-from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import FSCILModel, build_model
+from pipeline.models.registry import HEADS
 from pipeline.precision import autocast, image_layout, memory_format
 from pipeline.seeding import BASE_EPOCH_ORDER, BASE_STEP_AUGMENT, BASE_STEP_MIX, seeded_generator
 from pipeline.training.base_model import MODEL_FILE, base_twin, config_digest, config_stamp, load_base_model
@@ -50,8 +50,9 @@ from pipeline.training.distributed import (
 from pipeline.training.evaluate import predict, session_metrics
 from pipeline.training.precise_bn import recalibrate_batchnorm
 from pipeline.training.progress import CHECK_EVERY, ProgressLog, drain
+from pipeline.training.registry import BASE_SCHEDULES
 from pipeline.training.runtime import run_device
-from pipeline.training.schedule import BASE_SCHEDULES, set_lr
+from pipeline.training.schedule import set_lr
 
 
 class _BaseNet(nn.Module):

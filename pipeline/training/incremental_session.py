@@ -24,8 +24,8 @@ from pipeline.atomic import atomic_output
 from pipeline.data.mixing import lend_deviations
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.file_digest import file_digest
-from pipeline.models.classifier import HEADS
 from pipeline.models.fscil import build_head
+from pipeline.models.registry import HEADS
 from pipeline.seeding import DEVIATION, MEMORY, SESSION, seeded_generator
 from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMemory
@@ -36,8 +36,9 @@ from pipeline.training.diagnostics import session_diagnostics
 from pipeline.training.evaluate import session_metrics
 from pipeline.training.progress import CHECK_EVERY, ProgressLog
 from pipeline.training.prototype import base_prototype_metrics, projected, prototype_metrics
+from pipeline.training.registry import SCHEDULES
 from pipeline.training.runtime import run_device
-from pipeline.training.schedule import SCHEDULES, set_lr
+from pipeline.training.schedule import set_lr
 from pipeline.training.session_step import SessionDraws, frozen_rows, read_back, session_batch, train_step
 
 STATE_FILE = "state.safetensors"

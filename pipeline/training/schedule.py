@@ -52,28 +52,30 @@ def mmcv_step(iteration: int, epoch: int, warmup_iters: int, warmup_ratio: float
     return gamma ** sum(epoch >= s for s in step_epochs) * mmcv_warmup(iteration, warmup_iters, warmup_ratio)
 
 
-# the lr multiplier of incremental step `step` (0-based) of `steps` by incremental.schedule: ours (0-based, warm-up to
-# the peak, then cosine) or the authors' session loop (mmcv's hook at iteration step + 1, cool-down at the end)
-SCHEDULES = {
-    "warmup_cosine": lambda inc, step, steps: warmup_cosine(step, steps, inc.warmup_steps, inc.warmup_ratio,
-                                                            inc.min_lr_ratio),
-    "mmcv_cosine_cooldown": lambda inc, step, steps: mmcv_cosine_cooldown(
-        step + 1, steps, inc.warmup_steps, inc.warmup_ratio, inc.min_lr_ratio, inc.cooldown_steps,
-        inc.cooldown_ratio),
-}
+# ---- the lr multiplier of incremental step `step` (0-based) of `steps` (`SCHEDULES`, incremental.schedule) ----
+def session_warmup_cosine(inc, step: int, steps: int) -> float:
+    """Ours: steps from 0, warm-up to the peak, then cosine."""
+    return warmup_cosine(step, steps, inc.warmup_steps, inc.warmup_ratio, inc.min_lr_ratio)
 
 
-# the lr multiplier of base step `step` (0-based, mmcv's iteration count) of `total`, in epoch `epoch`, by
-# base.schedule
-BASE_SCHEDULES = {
-    "warmup_cosine": lambda base, step, total, epoch: warmup_cosine(step, total, base.warmup_steps, base.warmup_ratio,
-                                                                     base.min_lr_ratio),
-    "mmcv_cosine_cooldown": lambda base, step, total, epoch: mmcv_cosine_cooldown(
-        step, total, base.warmup_steps, base.warmup_ratio, base.min_lr_ratio, base.cooldown_steps,
-        base.cooldown_ratio),
-    "mmcv_step": lambda base, step, total, epoch: mmcv_step(step, epoch, base.warmup_steps, base.warmup_ratio,
-                                                            base.step_epochs, base.step_gamma),
-}
+def session_mmcv_cosine_cooldown(inc, step: int, steps: int) -> float:
+    """The authors' session loop: mmcv's hook at iteration step + 1, cool-down at the end."""
+    return mmcv_cosine_cooldown(step + 1, steps, inc.warmup_steps, inc.warmup_ratio, inc.min_lr_ratio,
+                                inc.cooldown_steps, inc.cooldown_ratio)
+
+
+# ---- the lr multiplier of base step `step` (0-based, mmcv's iteration) of `total` in `epoch` (`BASE_SCHEDULES`) ----
+def base_warmup_cosine(base, step: int, total: int, epoch: int) -> float:
+    return warmup_cosine(step, total, base.warmup_steps, base.warmup_ratio, base.min_lr_ratio)
+
+
+def base_mmcv_cosine_cooldown(base, step: int, total: int, epoch: int) -> float:
+    return mmcv_cosine_cooldown(step, total, base.warmup_steps, base.warmup_ratio, base.min_lr_ratio,
+                                base.cooldown_steps, base.cooldown_ratio)
+
+
+def base_mmcv_step(base, step: int, total: int, epoch: int) -> float:
+    return mmcv_step(step, epoch, base.warmup_steps, base.warmup_ratio, base.step_epochs, base.step_gamma)
 
 
 def set_lr(optimizer, factor: float) -> None:

@@ -9,10 +9,11 @@ import torch
 
 from pipeline.data.mixing import FEATURE_MIXUP_RATIO, deviation_draws, feature_mixup, mixup_draws
 from pipeline.errors import FSCILError, TrainingDiverged
-from pipeline.losses.class_sensitive import SUPPRESSION_TARGETS, separation_loss, suppression_loss
+from pipeline.losses.class_sensitive import separation_loss, suppression_loss
 from pipeline.losses.classification import mixed_loss, target_weights
-from pipeline.models.classifier import HEADS
+from pipeline.losses.registry import SUPPRESSION_TARGETS
 from pipeline.models.projector import suppression_target
+from pipeline.models.registry import HEADS
 from pipeline.precision import autocast
 from pipeline.training.progress import drain
 

@@ -8,7 +8,6 @@ training (nothing for ResNet-12).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from typing import Any
 
 from pipeline.errors import FSCILError
@@ -17,13 +16,7 @@ from pipeline.models.backbones.pretrained import load_pretrained
 from pipeline.models.backbones.resnet12 import ResNet12, resnet12
 from pipeline.models.backbones.resnet18 import ResNet18, resnet18
 from pipeline.models.backbones.timm_backbones import SwinBackbone, ViTBackbone, swin_t, vit_b16
-
-BACKBONES: dict[str, Callable[..., Backbone]] = {
-    "resnet12": resnet12,
-    "resnet18": resnet18,
-    "vit_b16": vit_b16,
-    "swin_t": swin_t,
-}
+from pipeline.models.registry import BACKBONES
 
 
 def build_backbone(name: str, **kwargs: Any) -> Backbone:

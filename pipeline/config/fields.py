@@ -54,6 +54,17 @@ def check_value(section: str, key: str, value: Any, hint: Any) -> Any:
     return value
 
 
+def choice(default: str, registry: Any) -> Any:
+    """A field whose value must name an entry of `registry` (pipeline/registry.py: its names are the only list of
+    them; the key docs and the one-line error list them)."""
+    return dataclasses.field(default=default, metadata={"choices": registry})
+
+
+def choices(f: dataclasses.Field) -> Any:
+    """The registry a field's value must name, or None."""
+    return f.metadata.get("choices")
+
+
 def _type_name(hint: Any) -> str:
     origin = typing.get_origin(hint)
     if origin in (list, tuple):
@@ -92,3 +103,6 @@ class SectionConfig:
                       "value of the layer below)")
                 continue
             setattr(self, f.name, check_value(self.section, f.name, value, hints[f.name]))
+            registry = choices(f)
+            check(registry is None or value in registry, self.section, f.name,
+                  f"must be one of {', '.join(registry or ())}, got {value!r}")

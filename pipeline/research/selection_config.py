@@ -1,5 +1,6 @@
 """The `selection` section of params.yaml: the pseudo-incremental protocol of `fscil select` and the candidate sets it
-compares (pipeline/research/selection.py runs them).
+compares (pipeline/research/selection.py runs them). The run does not read it: its values go through the same layers
+as the run's (`load_selection`), and `fscil select` and `fscil config show` check them.
 
 Which run keys `fscil select` may search is declared once, in SEARCH; each gets a candidate-list field of the section,
 typed as a list of its run key's type, empty (keep the configured value) or the paper's candidates, and every candidate
@@ -8,11 +9,13 @@ is checked by the rules of the section its key belongs to.
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import dataclass, field
+from typing import Any
 
-from pipeline.config_fields import SectionConfig, check, fail
-from pipeline.config_sections import LAST_EPOCHS_KEYS, RUN_SECTION_TYPES
+from pipeline.config.fields import SectionConfig, check, fail
+from pipeline.config.sections import LAST_EPOCHS_KEYS, RUN_SECTION_TYPES
 from pipeline.errors import FSCILError
 
 
@@ -135,3 +138,22 @@ class SelectionConfig(SectionConfig):
                 RUN_SECTION_TYPES[section](**{key: value, **bound})
             except FSCILError as err:
                 fail("selection", s.name, f"lists {value!r}: {str(err).removeprefix('params: ')}")
+
+
+def load_selection(params: dict[str, Any], overrides: list[str] | tuple[str, ...] = (),
+                   source: str = "params.yaml") -> SelectionConfig:
+    """The `selection` section as the layers of `pipeline.config.layers` resolve it (preset, variant_params, the
+    params file, -S), checked: a one-line error names the key and the layer that set it."""
+    from pipeline.config import resolve_params
+    from pipeline.config.run import with_origin
+
+    values, origins = resolve_params(params, overrides, source)
+    section = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("selection.")}
+    names = [f.name for f in dataclasses.fields(SelectionConfig)]
+    for key in section:
+        if key not in names:
+            raise FSCILError(f"{origins[f'selection.{key}']}: unknown key selection.{key} (valid: {', '.join(names)})")
+    try:
+        return SelectionConfig.from_dict(section)
+    except FSCILError as err:
+        raise with_origin(err, origins) from None

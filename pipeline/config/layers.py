@@ -1,6 +1,9 @@
-"""The layers that set each params value (the precedence rule of `pipeline.config`): reading the preset and variant
-files, flattening params mappings to dotted keys with one-line errors, `-S` overrides, and merging the layers with
-the origin of every value (`resolve_params`)."""
+"""The precedence rule: which layer sets each params value, written once here (`LAYERS`; README "Configuration" and
+params.yaml point here). Each later layer replaces the earlier ones' values, key by key; the user's layers (the
+params file and -S) are never silently replaced: where the variant fixes a key the user also set to another value,
+loading stops with a one-line error naming both. Every resolved value keeps its origin (`fscil config show
+--origin`). Also: reading the preset and variant files, flattening params mappings to dotted keys with one-line
+errors, and `-S` overrides."""
 
 from __future__ import annotations
 
@@ -11,16 +14,29 @@ from typing import Any
 
 import yaml
 
-from pipeline.config_fields import SectionConfig
-from pipeline.config_sections import RUN_SECTION_TYPES
-from pipeline.config_selection import SelectionConfig
+from pipeline.config.fields import SectionConfig
+from pipeline.config.sections import RUN_SECTION_TYPES
 from pipeline.errors import FSCILError
 
-PRESET_DIR = Path(__file__).parent / "presets"
-VARIANT_DIR = Path(__file__).parent / "variants"
-# every params.yaml section and its dataclass, in params.yaml's order
-SECTION_TYPES: dict[str, type[SectionConfig]] = {**RUN_SECTION_TYPES, "selection": SelectionConfig}
+PRESET_DIR = Path(__file__).parents[1] / "presets"
+VARIANT_DIR = Path(__file__).parents[1] / "variants"
+# every params.yaml section a run reads and its dataclass, in params.yaml's order
+SECTION_TYPES: dict[str, type[SectionConfig]] = dict(RUN_SECTION_TYPES)
 SECTIONS = tuple(SECTION_TYPES)
+# sections the run does not read: their values go through the same layers, and the command that reads them checks
+# them (`selection`: `fscil select`, pipeline/research/selection_config.py)
+TOOL_SECTIONS = ("selection",)
+# weakest first: (the origin `fscil config show --origin` prints, what the layer holds)
+LAYERS = (
+    ("default", "the field's default (pipeline/config/sections.py): the paper's value, or the authors' CIFAR-100 "
+                "value where the paper gives none"),
+    ("preset <name>", "pipeline/presets/<name>.yaml, over the preset it `extends`"),
+    ("preset <name>: variant_params.<variant>", "what `fscil select` chose for the named variant on that preset"),
+    ("variant <name>", "pipeline/variants/<name>.yaml: the keys that make the method what its name says"),
+    ("params.yaml: variant_params.<variant>", "the params file's own choices for the named variant"),
+    ("params.yaml", "the params file (--params FILE): a key that is present is set, null included"),
+    ("-S", "section.key=value on the command line (`dvc exp run -S` syntax)"),
+)
 # the top-level keys and their defaults (`variant_params` is a layer of its own, not a value)
 TOP_DEFAULTS: dict[str, Any] = {"preset": "synthetic", "variant": None, "seed": 0, "device": "auto",
                                 "deterministic": True, "scan": "auto", "precision": "fp32", "threads": 2,
@@ -126,12 +142,12 @@ def flatten(values: dict[str, Any], where: str, top: bool = True) -> dict[str, A
     name `where`); `variant_params` is left out (a layer of its own)."""
     out: dict[str, Any] = {}
     for key, value in values.items():
-        if key in SECTION_TYPES:
+        if key in SECTION_TYPES or key in TOOL_SECTIONS:
             if value is None:  # `model:` with nothing under it
                 continue
             if not isinstance(value, dict):
                 raise FSCILError(f"{where}: {key} must be a mapping of keys to values")
-            names = [f.name for f in dataclasses.fields(SECTION_TYPES[key])]
+            names = [f.name for f in dataclasses.fields(SECTION_TYPES[key])] if key in SECTION_TYPES else value
             for sub, v in value.items():
                 if sub not in names:
                     raise FSCILError(f"{where}: unknown key {key}.{sub} (valid: {', '.join(names)})")
@@ -139,7 +155,8 @@ def flatten(values: dict[str, Any], where: str, top: bool = True) -> dict[str, A
         elif top and key in TOP_DEFAULTS:
             out[key] = value
         elif not (top and key == "variant_params"):
-            valid = f"{', '.join(TOP_KEYS)}, {', '.join(SECTIONS)}" if top else ", ".join(SECTIONS)
+            sections = ", ".join((*SECTIONS, *TOOL_SECTIONS))
+            valid = f"{', '.join(TOP_KEYS)}, {sections}" if top else sections
             raise FSCILError(f"{where}: unknown key {key} (valid: {valid})")
     return out
 
@@ -186,6 +203,8 @@ def _variant_params(values: Any, where: str) -> dict[str, dict[str, dict[str, An
             raise FSCILError(f"{where}: variant_params.{variant} must map params sections to mappings")
         flatten(sections, f"{where}: variant_params.{variant}", top=False)
         for name, section in sections.items():
+            if name not in SECTION_TYPES:  # a tool's section: checked by that tool
+                continue
             try:  # the section's own type and range rules, on these values alone
                 SECTION_TYPES[name].from_dict(section)
             except FSCILError as err:

@@ -1,5 +1,5 @@
 """The params.yaml sections a run reads, one dataclass each, each validating itself: data (stage prepare), model,
-base, extract and incremental (the selection section: pipeline/config_selection.py). `pipeline.config` merges
+base, extract and incremental (the selection section: pipeline/research/selection_config.py). `pipeline.config` merges
 params.yaml over its preset and builds them into a `Config`.
 """
 
@@ -8,23 +8,26 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass, field
 
-from pipeline import names
-from pipeline.config_fields import SectionConfig, check, fail
+from pipeline.config.fields import SectionConfig, check, choice, fail
 from pipeline.data.cec_splits import BENCHMARKS
 from pipeline.data.checksums import digest_algorithm
 from pipeline.data.presets import PRESETS
+from pipeline.data.registry import DATASETS
 from pipeline.data.synthetic import SyntheticSpec, class_count_error
 from pipeline.errors import FSCILError
+from pipeline.losses.registry import (
+    DR_WEIGHTINGS,
+    SEPARATION_DELTAS,
+    SEPARATION_FORMS,
+    SEPARATION_PATHS,
+    SUPPRESSION_FORMS,
+    SUPPRESSION_TARGETS,
+)
+from pipeline.models.registry import ATTENTION_HEADS, BACKBONES, HEADS, PROJECTOR_KINDS, SSM_BRANCHES
+from pipeline.store.registry import MEMORY_RULES
+from pipeline.training.registry import BASE_SCHEDULES, SCHEDULES
 
-DATASETS = ("synthetic", "cifar100", "mini_imagenet", "cub200", "class_folder", "omniglot")
 CEC_DATASETS = tuple(BENCHMARKS)
-# (base_classes, ways, shots, sessions) when left null; class_folder's base None = all remaining classes
-_DEFAULT_SHAPE = {
-    "synthetic": (60, 5, 5, 8),
-    "class_folder": (None, 5, 5, 8),
-    "omniglot": (60, 5, 5, 8),
-    **{name: (b.base_classes, b.ways, b.shots, b.sessions) for name, b in BENCHMARKS.items()},
-}
 
 
 def _fail_data(key: str, why: str) -> typing.NoReturn:
@@ -37,8 +40,8 @@ class DataConfig(SectionConfig):
 
     section: typing.ClassVar[str] = "data"
 
-    dataset: str = "synthetic"
-    """synthetic | cifar100 | mini_imagenet | cub200 | class_folder | omniglot."""
+    dataset: str = choice("synthetic", DATASETS)
+    """The dataset (its reader, image preset and standard protocol: pipeline/data/registry.py)."""
     source: str = "files"
     """files (the dataset read from root), or synthetic: for cifar100, mini_imagenet, cub200, the synthetic generator
     at that benchmark's shape instead (its classes, protocol, images per class, image side and image preset; drawn at
@@ -139,20 +142,20 @@ class DataConfig(SectionConfig):
 
     def protocol_shape(self) -> tuple[int | None, int, int, int]:
         """(base_classes, ways, shots, sessions) with nulls filled from the dataset's standard protocol."""
-        defaults = _DEFAULT_SHAPE[self.dataset]
+        defaults = DATASETS[self.dataset].protocol
         given = (self.base_classes, self.ways, self.shots, self.sessions)
         return tuple(d if g is None else g for g, d in zip(given, defaults, strict=True))  # type: ignore[return-value]
 
     @property
     def resolved_image_size(self) -> int:
-        return self.image_size if self.image_size is not None else PRESETS[self.dataset].image_size
+        return self.image_size if self.image_size is not None else PRESETS[DATASETS[self.dataset].preset].image_size
 
 
 @dataclass
 class ModelConfig(SectionConfig):
     section: typing.ClassVar[str] = "model"
-    backbone: str = "resnet12"
-    """Backbone name: resnet12, resnet18, vit_b16, swin_t."""
+    backbone: str = choice("resnet12", BACKBONES)
+    """The backbone (pipeline/models/registry.py)."""
     backbone_widths: list[int] | None = None
     """ResNet-12 stage widths (None: 64-160-320-640); CPU configs use a slim one."""
     resnet18_stem: str = "cifar"
@@ -163,9 +166,8 @@ class ModelConfig(SectionConfig):
     """Local path of backbone weights (.safetensors or .pt/.pth); never downloaded."""
     pretrained_sha256: str | None = None
     """Expected sha256 of the pretrained file (checked when given)."""
-    projector: str = "dual_ssm"
-    """Projector kind: dual_ssm (the paper), single_ssm (ablation row 2), mlp (baseline row 1), or the dual
-    structure with another token mixer: s4, transformer, gru, lstm (paper table diff_archs)."""
+    projector: str = choice("dual_ssm", PROJECTOR_KINDS)
+    """The projector: p_iden + g_base (+ g_inc) and the branch's token mixer (pipeline/models/registry.py)."""
     dim: int = 640
     """Projector width D'."""
     d_state: int = 256
@@ -179,10 +181,9 @@ class ModelConfig(SectionConfig):
     d_conv: int | None = None
     """Depthwise conv kernel of the x stream (null: the branch's own: 3 for ss2d and the other mixers, a k x k conv
     over the map, odd; 4 for mamba_1d, causal along each token order, as in the authors' configs)."""
-    ssm_branch: str = "ss2d"
-    """The selective-SSM branch of dual_ssm / single_ssm: ss2d (the paper's text: a k x k depthwise conv over the
-    map, K scan paths with their own x_proj / dt_proj / A / D) or mamba_1d (the authors' CIFAR-100 / miniImageNet
-    code: one 1-D Mamba block, causal conv1d, one parameter set shared by the K token orders)."""
+    ssm_branch: str = choice("ss2d", SSM_BRANCHES)
+    """The selective-SSM branch of dual_ssm / single_ssm (docs/deviations.md: the paper's SS2D, the authors' 1-D
+    block)."""
     mlp_layers: int = 2
     """p_mlp depth: 2 or 3."""
     inc_mlp_layers: int | None = None
@@ -192,14 +193,11 @@ class ModelConfig(SectionConfig):
     iden_linear: bool = False
     """When C == D': p_iden a trained Linear(C -> D', no bias) starting from the identity (ours; the paper's eq.
     mu_iden_0 is a linear map, the authors' code uses the identity at C == D'); false: the identity."""
-    classifier: str = "etf"
-    """etf (fixed ETF + DR loss) or linear (learnable + cross-entropy)."""
+    classifier: str = choice("etf", HEADS)
+    """The classifier head and the loss it trains with."""
 
     def __post_init__(self):
         self.check_types()
-        check(self.backbone in names.BACKBONES, "model", "backbone", f"must be one of {sorted(names.BACKBONES)}")
-        check(self.projector in names.PROJECTORS, "model", "projector", f"must be one of {sorted(names.PROJECTORS)}")
-        check(self.classifier in names.HEADS, "model", "classifier", f"must be one of {sorted(names.HEADS)}")
         check(self.resnet18_stem in ("cifar", "imagenet"), "model", "resnet18_stem", "must be cifar or imagenet")
         for key in ("dim", "d_state", "dt_rank", "expand"):
             check(getattr(self, key) >= 1, "model", key, "must be >= 1")
@@ -207,13 +205,11 @@ class ModelConfig(SectionConfig):
         check(self.k_paths in (1, 2, 4), "model", "k_paths", "must be 1, 2 or 4")
         check(self.mlp_layers in (2, 3), "model", "mlp_layers", "must be 2 or 3")
         check(self.inc_mlp_layers in (None, 2, 3), "model", "inc_mlp_layers", "must be 2, 3 or null")
-        check(self.ssm_branch in names.SSM_BRANCHES, "model", "ssm_branch",
-              f"must be one of {', '.join(names.SSM_BRANCHES)}")
         check(self.d_conv is None or self.d_conv % 2 == 1 or (self.ssm_branch == "mamba_1d" and self.projector in (
             "dual_ssm", "single_ssm")), "model", "d_conv", "must be odd for a k x k conv over the map (only "
               "ssm_branch mamba_1d's causal conv1d takes an even kernel)")
-        check(self.projector != "transformer" or (self.expand * self.dim) % names.ATTENTION_HEADS == 0, "model",
-              "dim", f"times model.expand must be divisible by the transformer's {names.ATTENTION_HEADS} heads")
+        check(self.projector != "transformer" or (self.expand * self.dim) % ATTENTION_HEADS == 0, "model",
+              "dim", f"times model.expand must be divisible by the transformer's {ATTENTION_HEADS} heads")
 
 
 # base.<key>s that count the last epochs of the training (each at most base.epochs)
@@ -242,12 +238,8 @@ class BaseConfig(SectionConfig):
     8 GPUs: 64 for CIFAR-100 / miniImageNet; CUB's SyncBN is null) and Mixup / CutMix partners stay within a group
     (one permutation for all, as one seed gave every GPU); the running statistics follow the first group (rank 0's).
     Results depend on this key, never on the number of processes."""
-    schedule: str = "warmup_cosine"
-    """The base lr schedule by step: warmup_cosine (linear warm-up from warmup_ratio to lr over warmup_steps, then
-    cosine to min_lr_ratio at the last step), mmcv_cosine_cooldown (the authors' CIFAR-100 / CUB: mmcv's hook, the
-    warm-up factor multiplying the cosine to min_lr_ratio over the steps but the last cooldown_steps, which run at
-    cooldown_ratio x min_lr_ratio) or mmcv_step (the authors' miniImageNet: lr x step_gamma at each of step_epochs,
-    the warm-up factor multiplying it)."""
+    schedule: str = choice("warmup_cosine", BASE_SCHEDULES)
+    """The base lr schedule by step (the authors' mmcv schedules: docs/deviations.md)."""
     warmup_steps: int = 100
     """Linear warm-up steps."""
     warmup_ratio: float = 0.0
@@ -271,9 +263,8 @@ class BaseConfig(SectionConfig):
     """Epochs that share one shuffled pass over `repeat` copies of the images (the authors' RepeatDataset: 4 for
     CIFAR-100 and CUB, 10 for miniImageNet): where the last smaller batch falls and which images can meet in a
     batch. base.epochs (and checkpoint_every) are multiples of it."""
-    dr_weighting: str = "uniform"
-    """How the samples weigh in the DR loss: uniform, or class_balanced (the authors' `with_len` in miniImageNet's
-    base config: each sample (batch / classes in the batch) / the count of its class, over the global batch)."""
+    dr_weighting: str = choice("uniform", DR_WEIGHTINGS)
+    """How the samples weigh in the base DR loss (the authors' miniImageNet: class_balanced)."""
     mixup_alpha: float = 0.0
     """Batch Mixup alpha (0: off)."""
     cutmix_alpha: float = 0.0
@@ -316,10 +307,6 @@ class BaseConfig(SectionConfig):
             check(getattr(self, key) <= self.epochs, "base", key, f"must be <= base.epochs ({self.epochs})")
         check(self.warmup_steps >= 0, "base", "warmup_steps", "must be >= 0")
         check(0 <= self.warmup_ratio <= 1, "base", "warmup_ratio", "must be in [0, 1]")
-        check(self.schedule in names.BASE_SCHEDULES, "base", "schedule",
-              f"must be one of {', '.join(names.BASE_SCHEDULES)}")
-        check(self.dr_weighting in names.DR_WEIGHTINGS, "base", "dr_weighting",
-              f"must be one of {', '.join(names.DR_WEIGHTINGS)}")
         for key in ("cooldown_steps", "cooldown_ratio", "step_gamma"):
             check(getattr(self, key) >= 0, "base", key, "must be >= 0")
         check(all(0 < e < self.epochs for e in self.step_epochs) and self.step_epochs == sorted(set(self.step_epochs)),
@@ -343,9 +330,9 @@ class ExtractConfig(SectionConfig):
     """Zarr chunk length along the sample axis."""
     dtype: str = "float32"
     """Stored map dtype: float32 or float16."""
-    memory: str = "mean"
-    """What stands for a learned class in the memory (paper's memory ablation): mean (its class-mean map, the
-    paper), random (one of its training maps) or sampled (memory_k of them). The sessions follow the store's rule."""
+    memory: str = choice("mean", MEMORY_RULES)
+    """What stands for a learned class in the memory (the paper's memory ablation; the sessions follow the store's
+    rule)."""
     memory_k: int = 4
     """Maps kept per class by memory=sampled."""
     deviations: int = 0
@@ -360,8 +347,6 @@ class ExtractConfig(SectionConfig):
 
     def __post_init__(self):
         self.check_types()
-        check(self.memory in names.MEMORY_KINDS, "extract", "memory",
-              f"must be one of {', '.join(names.MEMORY_KINDS)}")
         check(self.memory_k >= 1, "extract", "memory_k", "must be >= 1")
         check(self.deviations >= 0, "extract", "deviations", "must be >= 0")
         check(self.batch_size >= 1, "extract", "batch_size", "must be >= 1")
@@ -383,11 +368,8 @@ class IncrementalConfig(SectionConfig):
     """SGD momentum."""
     weight_decay: float = 5e-4
     """SGD weight decay."""
-    schedule: str = "warmup_cosine"
-    """The session's lr schedule: warmup_cosine (steps from 0, linear warm-up from warmup_ratio * lr to lr, then
-    cosine to min_lr_ratio * lr at the last step) or mmcv_cosine_cooldown (the authors' session loop: mmcv's hook,
-    iterations from 1, the warm-up factor multiplying the cosine value, cosine to min_lr_ratio * lr over steps -
-    cooldown_steps, then cooldown_ratio * min_lr_ratio * lr)."""
+    schedule: str = choice("warmup_cosine", SCHEDULES)
+    """The session's lr schedule (the authors' mmcv schedule: docs/deviations.md)."""
     warmup_steps: int = 5
     """Linear warm-up steps."""
     warmup_ratio: float = 0.1
@@ -414,32 +396,24 @@ class IncrementalConfig(SectionConfig):
     lambda3_base: float = 0.0
     """Separation weight on g_base's B, C, Delta in the sessions (the authors' CUB config: 1e-3, with g_base
     training at 0.2x lr); needs freeze_base false."""
-    suppression: str = "z"
-    """What the suppression loss acts on: z (the paper), silu_z, mu_inc, or z_channel_flip (model.ssm_branch
-    mamba_1d: the authors' Z, the K orders' gate streams summed with the reversed orders flipped on the channel axis,
-    a defect of their code that their CIFAR-100 / miniImageNet numbers carry)."""
-    suppression_form: str = "squared_mean"
-    """squared_mean (the paper's text: lambda * the group's mean of ||Z_i||^2 / (L D')) or norm_per_element (the
-    authors' code: lambda * ||Z_group||_F / numel(Z_group), not squared)."""
-    separation_form: str = "abs_cos"
-    """abs_cos (the paper's text: |cos| of the base and novel means per parameter kind) or confusion_mean (the
-    authors' code: the mean of |I - S| over the 2 x 2 cosine matrix, |cos| / 2)."""
-    separation_delta: str = "delta"
-    """What the separation reads as Delta: delta (the paper's text: softplus(dt_proj(dt) + bias), D_inner wide) or
-    dt_low (the authors' code: the low-rank dt before dt_proj)."""
-    separation_paths: str = "all"
-    """Which scan paths the separation's means average: all (the paper's text) or first (the authors' 1-D branch
-    returns the first token order's parameters only)."""
+    suppression: str = choice("z", SUPPRESSION_TARGETS)
+    """What the suppression loss acts on (z_channel_flip: docs/deviations.md)."""
+    suppression_form: str = choice("squared_mean", SUPPRESSION_FORMS)
+    """S of eq. loss_supp: the paper's or the authors' form (docs/deviations.md)."""
+    separation_form: str = choice("abs_cos", SEPARATION_FORMS)
+    """The separation of eq. loss_sep: the paper's or the authors' form (docs/deviations.md)."""
+    separation_delta: str = choice("delta", SEPARATION_DELTAS)
+    """What the separation reads as Delta (docs/deviations.md)."""
+    separation_paths: str = choice("all", SEPARATION_PATHS)
+    """Which scan paths the separation's means average (docs/deviations.md)."""
     loss_groups: int = 1
     """The class-sensitive losses are computed on this many groups of the batch (row r in group r % loss_groups)
     and averaged, a term running only when every group holds its rows; feature-mixup partners are drawn within the
     groups (one permutation for all). 1: the whole batch; 8: the authors' 8 GPUs x 8 rows (their MIN-gated
     per-GPU losses). Results depend on this key, never on the number of processes. A session with fewer training
     rows than a batch pads its one batch an epoch to whole groups with the epoch's first rows (their sampler)."""
-    dr_weighting: str = "uniform"
-    """How the samples weigh in the classification (DR) loss: uniform (the paper) or class_balanced (the authors'
-    `with_len` in their CIFAR-100 / miniImageNet session configs: each sample (batch / classes in the batch) / the
-    count of its class in the batch)."""
+    dr_weighting: str = choice("uniform", DR_WEIGHTINGS)
+    """How the samples weigh in the session's DR loss (the authors' CIFAR-100 / mini: class_balanced)."""
     freeze_base: bool = True
     """Freeze p_iden and g_base after the base session (the paper); false: they train in every session too."""
     base_lr_scale: float = 1.0
@@ -475,13 +449,6 @@ class IncrementalConfig(SectionConfig):
         check(self.replay in ("mean", "shots"), "incremental", "replay", "must be mean or shots")
         check(self.lr > 0, "incremental", "lr", "must be > 0")
         check(self.base_lr_scale > 0, "incremental", "base_lr_scale", "must be > 0 (freeze_base true freezes them)")
-        check(self.suppression in names.SUPPRESSION_TARGETS, "incremental", "suppression",
-               f"must be one of {sorted(names.SUPPRESSION_TARGETS)}")
-        for key, allowed in (("suppression_form", names.SUPPRESSION_FORMS),
-                             ("separation_form", names.SEPARATION_FORMS), ("separation_delta", names.SEPARATION_DELTAS),
-                             ("separation_paths", names.SEPARATION_PATHS), ("dr_weighting", names.DR_WEIGHTINGS),
-                             ("schedule", names.SCHEDULES)):
-            check(getattr(self, key) in allowed, "incremental", key, f"must be one of {', '.join(allowed)}")
         check(self.loss_groups >= 1 and self.batch_size % self.loss_groups == 0, "incremental", "loss_groups",
               f"must be >= 1 and divide incremental.batch_size ({self.batch_size})")
         check(self.cooldown_steps >= 0, "incremental", "cooldown_steps", "must be >= 0")
@@ -521,7 +488,7 @@ class IncrementalConfig(SectionConfig):
         return values[session - 1]
 
 
-# every params.yaml section a run reads, and its dataclass (the selection section: pipeline/config_selection.py)
+# every params.yaml section a run reads, and its dataclass (`fscil select`'s: pipeline/research/selection_config.py)
 RUN_SECTION_TYPES: dict[str, type[SectionConfig]] = {
     "data": DataConfig, "model": ModelConfig, "base": BaseConfig, "extract": ExtractConfig,
     "incremental": IncrementalConfig}

@@ -1,19 +1,6 @@
-"""Typed configuration: the layers that set each value, merged into a validated `Config` of the sections in
-pipeline/config_sections.py, plus the checks that need the data (`check_against_data`) and what DVC tracks.
-
-The precedence rule (README "Configuration"), weakest first; each later layer replaces the earlier ones:
-
-1. `default`: the dataclass field's default, the paper's (or, where the paper is silent, the authors' CIFAR-100) value;
-2. `preset <name>`: pipeline/presets/<name>.yaml (a benchmark's data, architecture and schedules);
-3. `preset <name>: variant_params.<variant>`: what `fscil select` chose for the named variant on that preset;
-4. `variant <name>`: pipeline/variants/<name>.yaml, the keys that make a method or ablation row what its name says;
-5. the params file (params.yaml): the user's own values; a key that is present is set, null included;
-6. `-S section.key=value` on the command line (the syntax of `dvc exp run -S`).
-
-The user's values (5, 6, and a params file's own `variant_params`) are never silently replaced: where the variant
-fixes a key the user also set to another value, loading stops with a one-line error naming both. Every resolved value
-keeps its origin (`Config.origins`, `fscil config show --origin`).
-"""
+"""The validated `Config` of a run: the layers of `pipeline.config.layers` merged into the sections of
+`pipeline.config.sections`, the checks between sections and against the data, and what each DVC stage reads of it
+(STAGE_KEYS)."""
 
 from __future__ import annotations
 
@@ -22,28 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config_fields import check
-from pipeline.config_layers import (  # noqa: F401 - re-exported: the config API in one place
-    PRESET_DIR,
-    SECTION_TYPES,
-    SECTIONS,
-    VARIANT_DIR,
-    available_presets,
-    available_variants,
-    describe_file,
-    flatten,
-    nest,
-    read_preset,
-    read_yaml,
-    resolve_params,
-    variant_keys,
-    variant_nonzero,
-    variant_sections,
-)
-from pipeline.config_sections import BaseConfig, DataConfig, ExtractConfig, IncrementalConfig, ModelConfig
-from pipeline.config_selection import SelectionConfig
+from pipeline.config.fields import check
+from pipeline.config.layers import SECTION_TYPES, SECTIONS, nest, read_yaml, resolve_params, variant_nonzero
+from pipeline.config.sections import BaseConfig, DataConfig, ExtractConfig, IncrementalConfig, ModelConfig
 from pipeline.errors import FSCILError
-from pipeline.names import SCAN_CHOICES
+from pipeline.ops.scan_dispatch import SCAN_CHOICES
 from pipeline.precision import PRECISIONS
 
 
@@ -64,7 +34,6 @@ class Config:
     base: BaseConfig
     extract: ExtractConfig
     incremental: IncrementalConfig
-    selection: SelectionConfig = field(default_factory=SelectionConfig)
     sessions: dict[str, str] | None = None
     """params.yaml `sessions`: the incremental sessions `dvc repro` runs (dvc.yaml's foreach); None outside DVC."""
     deterministic: bool = True
@@ -119,7 +88,6 @@ def run_values(cfg: Config, device: str | None = None) -> dict[str, Any]:
     out = {"preset": cfg.preset, "variant": cfg.variant, "method": cfg.method, **cfg.to_dict(),
            "sessions": cfg.sessions}
     out["device"] = device or cfg.device
-    out.pop("selection")
     return out
 
 
@@ -184,7 +152,7 @@ def preset_model_config(preset: str, overrides: dict[str, Any]) -> tuple[ModelCo
     return ModelConfig.from_dict(merged["model"]), merged
 
 
-def _with_origin(err: FSCILError, origins: dict[str, str]) -> FSCILError:
+def with_origin(err: FSCILError, origins: dict[str, str]) -> FSCILError:
     """A section's one-line error with the origin of the key it names appended."""
     text = str(err)
     key = text.removeprefix("params: ").split(" ", 1)[0]
@@ -208,7 +176,7 @@ def build_config(params: dict[str, Any], overrides: list[str] | tuple[str, ...] 
                   f"must be > 0 with variant {cfg.variant} (pipeline/variants/{cfg.variant}.yaml: its method trains "
                   "with it), got 0")
     except FSCILError as err:
-        raise _with_origin(err, origins) from None
+        raise with_origin(err, origins) from None
     return cfg
 
 
