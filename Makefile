@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install repro kernels test test-cuda lint gpu-wheels
+.PHONY: install repro kernels test test-cuda lint gpu-wheels deps
 
 # torch is pinned through constraints.txt to the local CPU build (an unpinned torch pulls CUDA wheels);
 # torchvision's CUDA build is made importable by pipeline/compat/torchvision_cpu.py (a lazy .pth hook).
@@ -24,7 +24,7 @@ install:
 	$(BIN)/python -m pipeline.compat.torchvision_cpu --install
 	$(BIN)/python -c "import timm, torch, zarr, h5py, dvc, typer, pandas; print('environment ok: torch', torch.__version__, 'timm', timm.__version__)"
 
-# dvc with the environment on PATH (the stages also find .venv by themselves: stages/fscil)
+# dvc with the environment on PATH (the stages also find .venv by themselves: stages/run)
 repro: $(BIN)/fscil
 	PATH="$(CURDIR)/$(BIN):$$PATH" DVC_NO_ANALYTICS=1 $(BIN)/dvc repro
 	@echo "metrics: metrics.json (per-session table: data/report/sessions.csv)"
@@ -50,6 +50,11 @@ test-cuda: kernels
 
 lint:
 	$(BIN)/ruff check .
+
+# dvc.yaml's code deps and params from each stage's imports, and docs/keys.md from the key declarations
+deps: $(BIN)/fscil
+	$(BIN)/python -m stages.dvc_deps
+	$(BIN)/fscil config keys --out docs/keys.md
 
 # what a lent GPU machine lacks (its image has no zarr and no package registry), as wheels for its Python 3.12:
 # carried to it in .ci/wheels (git-ignored) for .ci/gpu-paper-scale

@@ -15,6 +15,7 @@ from pipeline.data.mixing import mixup_draws
 from pipeline.losses.class_sensitive import separation_loss, suppression_loss
 from pipeline.losses.classification import class_balance_weights, dot_regression_loss, mixed_loss, target_weights
 from pipeline.models.mamba1d import cross_merge_channel_flip
+from pipeline.models.ss2d import BranchAux
 from pipeline.ops.cross_scan import cross_scan
 from pipeline.training.registry import SCHEDULES
 from pipeline.training.schedule import mmcv_cosine_cooldown
@@ -51,7 +52,7 @@ def _params(n_paths: int = 2):
     b = torch.cat([b, torch.stack([b[0], -b[0]])], dim=1)[:, :n_paths]  # path 1: base (1, 0), novel (-1, 0)
     dt_low = torch.tensor([[[3.0, 0.0], [3.0, 0.0]], [[0.0, 5.0], [0.0, 5.0]]])[:, None].repeat(1, n_paths, 1, 1)
     delta = torch.ones(2, n_paths, 2, 3)  # identical means: |cos| = 1
-    return {"B": b, "dt_low": dt_low, "delta": delta}
+    return BranchAux(z=torch.zeros(()), B=b, dt_low=dt_low, delta=delta)
 
 
 def test_confusion_mean_on_dt_low_of_the_first_order_by_hand():
@@ -102,7 +103,7 @@ def test_loss_groups_gate_a_term_off_when_one_group_lacks_its_rows():
     g0, g1 = z[0::2], z[1::2]
     novel = (g0[2:].norm() / g0[2:].numel() + g1.norm() / g1.numel()) / 2
     assert got.item() == pytest.approx(-novel.item(), rel=1e-6)
-    params = {"B": torch.randn(8, 1, 3, 4)}
+    params = BranchAux(z=torch.zeros(()), B=torch.randn(8, 1, 3, 4))
     assert separation_loss(params, is_base, groups=2).item() == 0.0
     # with one group the same batch runs both terms
     assert separation_loss(params, is_base).item() > 0
@@ -111,7 +112,8 @@ def test_loss_groups_gate_a_term_off_when_one_group_lacks_its_rows():
     want = sum(suppression_loss(z[g::2], is_base[g::2], 100.0, 1.0, "norm_per_element").item() for g in (0, 1)) / 2
     got = suppression_loss(z, is_base, 100.0, 1.0, form="norm_per_element", groups=2)
     assert got.item() == pytest.approx(want, rel=1e-6)
-    per_group = [separation_loss({"B": params["B"][g::2]}, is_base[g::2], "confusion_mean").item() for g in (0, 1)]
+    per_group = [separation_loss(BranchAux(z=params.z, B=params.B[g::2]), is_base[g::2], "confusion_mean").item()
+                 for g in (0, 1)]
     got = separation_loss(params, is_base, "confusion_mean", groups=2)
     assert got.item() == pytest.approx(sum(per_group) / 2, rel=1e-6)
 

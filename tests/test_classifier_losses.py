@@ -11,6 +11,7 @@ from pipeline.losses.class_sensitive import separation_loss, suppression_loss
 from pipeline.losses.classification import cross_entropy_loss, dot_regression_loss, mixed_loss
 from pipeline.losses.registry import SUPPRESSION_TARGETS
 from pipeline.models.classifier import ETFClassifier, LinearClassifier, simplex_etf
+from pipeline.models.ss2d import BranchAux
 
 
 @pytest.mark.parametrize("d,k", [(16, 10), (128, 100), (640, 100)])
@@ -89,7 +90,7 @@ def test_suppression_loss_hand_computation():
     got = suppression_loss(z, is_base, lambda1=100.0, lambda2=0.5)
     assert got.item() == pytest.approx(100 * base_term - 0.5 * novel_term)
     assert suppression_loss(z, torch.tensor([False] * 3), 1.0, 0.0).item() == 0.0
-    aux = {"z": z}
+    aux = BranchAux(z=z)
     torch.testing.assert_close(SUPPRESSION_TARGETS["silu_z"](aux, None), F.silu(z))
 
 
@@ -100,13 +101,13 @@ def test_separation_loss_hand_computation_and_orthogonal_zero():
     c = torch.tensor([[[[1.0, 0.0], [0.0, 1.0]]], [[[-1.0, 1.0], [-1.0, 1.0]]]])  # means (.5,.5) and (-1,1)
     d = torch.tensor([[[[0.0, 2.0], [0.0, 2.0]]], [[[3.0, 0.0], [3.0, 0.0]]]])
     expected = 1 / math.sqrt(2) + 0.0 + 0.0
-    got = separation_loss({"B": b, "C": c, "delta": d}, is_base)
+    got = separation_loss(BranchAux(z=b, B=b, C=c, delta=d), is_base)
     assert got.item() == pytest.approx(expected, abs=1e-6)
     # all three orthogonal -> 0; no novel group -> 0
-    assert separation_loss({"C": c, "delta": d}, is_base).item() == pytest.approx(0.0, abs=1e-7)
-    assert separation_loss({"B": b}, torch.tensor([True, True])).item() == 0.0
+    assert separation_loss(BranchAux(z=c, C=c, delta=d), is_base).item() == pytest.approx(0.0, abs=1e-7)
+    assert separation_loss(BranchAux(z=b, B=b), torch.tensor([True, True])).item() == 0.0
     # |cos| penalises anti-correlation too
-    assert separation_loss({"B": torch.stack([b[0], -b[0]])}, is_base).item() == pytest.approx(1.0)
+    assert separation_loss(BranchAux(z=b, B=torch.stack([b[0], -b[0]])), is_base).item() == pytest.approx(1.0)
 
 
 def test_feature_mixup_fixed_ratio_and_probability():

@@ -147,8 +147,17 @@ def test_config_show_origin_names_every_layer(tmp_path):
 def test_fscil_list_names_every_preset_and_variant_on_one_line():
     result = cli("list")
     assert result.exit_code == 0
-    for name in [*config.available_presets(), *config.available_variants()]:
-        assert sum(line.split()[:1] == [name] for line in result.output.splitlines()) == 1, name
+    blocks: dict[str, list[str]] = {}
+    for line in result.output.splitlines():
+        if not line.startswith(" "):
+            header = line.split(" (")[0]
+        else:
+            blocks.setdefault(header, []).append(line.split()[0])
+    assert blocks["presets"] == config.available_presets() and blocks["variants"] == config.available_variants()
+    from pipeline.registry import all_registries
+
+    for registry in all_registries().values():  # and every registry's entries, each on its line
+        assert blocks[f"{registry.kind}s"] == list(registry)
 
 
 @pytest.mark.skipif(not FSCIL.exists(), reason="the fscil console script is not installed here")

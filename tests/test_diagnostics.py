@@ -47,12 +47,13 @@ def test_diagnostics_equal_a_sample_by_sample_recomputation(tiny_run, session):
     feats, energy, params_mean = [], [], {k: [] for k in ("B", "C", "delta")}
     with torch.no_grad():
         for i in range(len(labels)):  # one sample at a time, float64 numpy from here on
-            out = projector(torch.from_numpy(maps[i:i + 1]), mode="incremental", return_aux=True)
+            out = projector.session_outputs(torch.from_numpy(maps[i:i + 1]))
             feats.append(out.mu[0].double().numpy())
-            z = out.aux["z"][0].double().numpy()
+            z = out.aux.z[0].double().numpy()
             energy.append((z ** 2).sum() / z.size)
             for key in params_mean:
-                params_mean[key].append(out.aux[key][0].double().numpy().reshape(-1, out.aux[key].shape[-1]).mean(0))
+                generated = getattr(out.aux, key)[0].double().numpy()
+                params_mean[key].append(generated.reshape(-1, generated.shape[-1]).mean(0))
     mu, energy = np.stack(feats), np.array(energy)
     protos = classifier.prototypes(num_seen).double().numpy()
     base = labels < num_base
@@ -83,7 +84,7 @@ def test_diagnostics_equal_a_sample_by_sample_recomputation(tiny_run, session):
     h, w = maps.shape[2:]
     for col, branch in enumerate((projector.g_base, projector.g_inc)):
         with torch.no_grad():
-            b = branch(f, return_aux=True)[1]["B"].double().numpy()  # (n, K, L, d_state), scan order
+            b = branch(f, return_aux=True)[1].B.double().numpy()  # (n, K, L, d_state), scan order
         k = b.shape[1]
         expected = np.zeros((len(rows), h, w))
         for path in range(k):

@@ -105,3 +105,32 @@ def test_dvc_repro_stops_on_a_session_list_that_does_not_match_the_data(tmp_path
     assert len(errors) == 1 and "sessions lists 4" in errors[0] and "has 3" in errors[0], result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     assert not (tmp_path / "data" / "pack.h5").exists()
+
+
+def test_dvc_reruns_exactly_what_a_code_change_touches(tmp_path):
+    """Each stage depends on the code it runs (stages/dvc_deps.py): after one edit of each kind, `dvc status` lists
+    exactly the stages that run that code. A help text, `fscil predict`, a selection grid or the Triton kernel: none;
+    the session code: the sessions; the backbone: base training and everything that runs the network."""
+    _project_copy(tmp_path)
+    params = {**TINY_PARAMS, "sessions": session_map(3)}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    _run(["git", "init", "-q"], tmp_path)
+    _run([str(DVC), "init", "-q"], tmp_path)
+    _run([str(DVC), "repro", "-q"], tmp_path)
+    sessions = {f"incremental@{n}" for n in range(1, 4)}
+    expected = {
+        "stages/cli.py": set(),
+        "stages/cli_tools.py": set(),
+        "pipeline/research/selection_config.py": set(),
+        "pipeline/ops/selective_scan_triton.py": set(),
+        "pipeline/training/session_step.py": sessions,
+        "pipeline/models/backbones/resnet12.py": {"base", "extract"} | sessions,
+    }
+    for path, stages in expected.items():
+        file = tmp_path / path
+        original = file.read_text()
+        file.write_text(original + "# an edit\n")
+        status = json.loads(_run([str(DVC), "status", "--json"], tmp_path).splitlines()[-1] or "{}")
+        file.write_text(original)
+        assert set(status) == stages, path
+    assert json.loads(_run([str(DVC), "status", "--json"], tmp_path).splitlines()[-1] or "{}") == {}

@@ -76,10 +76,10 @@ def test_aux_holds_each_orders_parameters_and_the_gate():
     torch.manual_seed(1)
     branch = SharedMamba1DBranch(6, (2, 2), DIMS)
     mu, aux = branch(torch.randn(2, 6, 2, 2), return_aux=True)
-    assert aux["B"].shape == aux["C"].shape == (2, 4, 4, 4) and aux["dt_low"].shape == (2, 4, 4, 3)
-    assert aux["delta"].shape == (2, 4, 4, 8) and aux["z"].shape == aux["z_channel_flip"].shape == (2, 4, 8)
+    assert aux.B.shape == aux.C.shape == (2, 4, 4, 4) and aux.dt_low.shape == (2, 4, 4, 3)
+    assert aux.delta.shape == (2, 4, 4, 8) and aux.z.shape == aux.z_channel_flip.shape == (2, 4, 8)
     # the reversed order is not the first one reversed: the causal conv sees other neighbours
-    assert not torch.allclose(aux["B"][:, 0], aux["B"][:, 1].flip(1))
+    assert not torch.allclose(aux.B[:, 0], aux.B[:, 1].flip(1))
 
 
 def test_the_cifar100_presets_branches_have_the_authors_parameter_count():

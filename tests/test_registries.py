@@ -20,7 +20,7 @@ from pipeline.losses.registry import SUPPRESSION_FORMS
 from pipeline.models.backbones import Backbone
 from pipeline.models.projector import Projector
 from pipeline.models.registry import SSM_BRANCHES
-from pipeline.models.ss2d import BranchDims, SS2DBranch
+from pipeline.models.ss2d import BranchAux, BranchDims, SS2DBranch
 from pipeline.registry import Registry, all_registries
 from tests.pipeline_fixtures import cli
 
@@ -39,7 +39,7 @@ def branch(name: str, cls) -> None:
     torch.manual_seed(0)
     b = cls(C, HW, _dims())
     mu, aux = b(torch.randn(3, C, *HW), return_aux=True)
-    assert mu.shape == (3, 16) and torch.isfinite(mu).all() and aux["z"].shape == (3, 4, 16)
+    assert mu.shape == (3, 16) and torch.isfinite(mu).all() and aux.z.shape == (3, 4, 16)
     mu.pow(2).sum().backward()
     assert not [n for n, p in b.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
     shut = cls(C, HW, _dims(), zero_init_gate=True)
@@ -75,7 +75,7 @@ def head(name: str, h) -> None:
 
 def suppression_target(name: str, fn) -> None:
     z = torch.randn(2, 3, 4)
-    out = fn({"z": z, "mu_newest": z[:, 0], "z_channel_flip": 2 * z}, z[:, 0])
+    out = fn(BranchAux(z=z, mu_newest=z[:, 0], z_channel_flip=2 * z), z[:, 0])
     assert torch.is_tensor(out) and torch.isfinite(out).all()
 
 
@@ -98,7 +98,7 @@ def separation_form(name: str, fn) -> None:
 
 def separation_delta(name: str, key) -> None:
     _, aux = SS2DBranch(C, HW, _dims())(torch.randn(2, C, *HW), return_aux=True)
-    assert key in aux and aux[key].shape[:3] == aux["B"].shape[:3]
+    assert getattr(aux, key).shape[:3] == aux.B.shape[:3]
 
 
 def separation_paths(name: str, paths) -> None:

@@ -116,7 +116,8 @@ def test_checkpoints_are_safetensors_and_refuse_foreign_metadata(tiny_run, tmp_p
     # a base checkpoint trained with other model params is refused by the next stage
     other = write_params(tmp_path / "params.yaml", model={"dim": 24})
     result = cli("stage", "extract", "--params", str(other), "--data-dir", str(paths.data_dir), "-q")
-    assert result.exit_code == 2 and "config does not match" in result.output
+    assert result.exit_code == 2 and "made with other params (model.dim: 16 there, 24 now)" in result.output
+    assert "run `fscil stage base` with these params first" in result.output and result.output.count("\n") == 1
     # and one trained on another data pack
     data = tmp_path / "data"
     shutil.copytree(paths.data_dir, data, ignore=shutil.ignore_patterns("features.zarr", "sessions", "report"))

@@ -43,13 +43,10 @@ class DataConfig(SectionConfig):
     dataset: str = choice("synthetic", DATASETS)
     """The dataset (its reader, image preset and standard protocol: pipeline/data/registry.py)."""
     source: str = "files"
-    """files (the dataset read from root), or synthetic: for cifar100, mini_imagenet, cub200, the synthetic generator
-    at that benchmark's shape instead (its classes, protocol, images per class, image side and image preset; drawn at
-    32 px and resized), so a paper preset runs unchanged without its dataset: for timing and smoke runs, its
-    accuracy means nothing."""
+    """files (read from data.root), or synthetic: a paper benchmark's shape drawn by the generator, for timing
+    without its dataset (README "Paper presets on GPUs"; its accuracy means nothing)."""
     root: str | None = None
-    """Raw data folder (cifar100: holds cifar-100-python/; mini_imagenet: images/ + split/; cub200: CUB_200_2011;
-    class_folder: root/<class>/<image>; omniglot: an official zip or its extracted folder). Unused for synthetic."""
+    """The raw data: a folder, or Omniglot's zip (README "Your data" says what each dataset expects there)."""
     split_dir: str | None = None
     """CEC index-list folder of this dataset (session_1.txt ...); required for cifar100, mini_imagenet, cub200."""
     image_size: int | None = None
@@ -80,9 +77,8 @@ class DataConfig(SectionConfig):
     seed: int = 0
     """Seed of the synthetic images and of generated protocols."""
     novel_shapes: int = SyntheticSpec.novel_shapes
-    """synthetic: 0 (the default benchmark: every class a combination of the six base shape families, colour and
-    texture), or 1-4: the incremental classes take that many shape families no base class has (the base classes and
-    base images stay those of 0); each family gives 18 classes."""
+    """synthetic: 0 (every class a mix of the six base shape families), or 1-4 shape families that only the
+    incremental classes use (18 classes a family)."""
 
     def __post_init__(self) -> None:
         self.check_types()
@@ -179,8 +175,7 @@ class ModelConfig(SectionConfig):
     expand: int = 1
     """d_inner = expand * D'."""
     d_conv: int | None = None
-    """Depthwise conv kernel of the x stream (null: the branch's own: 3 for ss2d and the other mixers, a k x k conv
-    over the map, odd; 4 for mamba_1d, causal along each token order, as in the authors' configs)."""
+    """Depthwise conv kernel of the x stream (null: the branch's own, 3 x 3 over the map; mamba_1d: 4, causal)."""
     ssm_branch: str = choice("ss2d", SSM_BRANCHES)
     """The selective-SSM branch of dual_ssm / single_ssm (docs/deviations.md: the paper's SS2D, the authors' 1-D
     block)."""
@@ -191,8 +186,8 @@ class ModelConfig(SectionConfig):
     out_norm: bool = False
     """LayerNorm on the merged scan output before gating (the authors' code; the paper has none)."""
     iden_linear: bool = False
-    """When C == D': p_iden a trained Linear(C -> D', no bias) starting from the identity (ours; the paper's eq.
-    mu_iden_0 is a linear map, the authors' code uses the identity at C == D'); false: the identity."""
+    """When C == D': p_iden a trained Linear starting from the identity (ours; false: the identity, the
+    authors' code; docs/deviations.md)."""
     classifier: str = choice("etf", HEADS)
     """The classifier head and the loss it trains with."""
 
@@ -226,18 +221,14 @@ class BaseConfig(SectionConfig):
     lr: float = 0.25
     """Peak SGD learning rate of the projector (and of the backbone, times backbone_lr_scale)."""
     backbone_lr_scale: float = 1.0
-    """Backbone learning-rate multiplier (CUB: 0.1; 0: the backbone keeps its initial or `model.pretrained` weights,
-    while its BatchNorm statistics still follow the training batches unless `precise_bn` measures them)."""
+    """Backbone learning-rate multiplier (CUB: 0.1; 0: the backbone keeps its weights, BatchNorm still moves)."""
     momentum: float = 0.9
     """SGD momentum."""
     weight_decay: float = 5e-4
     """SGD weight decay."""
     device_batch: int | None = None
-    """Rows of the global batch one of the authors' GPUs held (null: the whole batch is one group). With a value, the
-    backbone's BatchNorm statistics are those of each group of that many consecutive rows (their plain BatchNorm on
-    8 GPUs: 64 for CIFAR-100 / miniImageNet; CUB's SyncBN is null) and Mixup / CutMix partners stay within a group
-    (one permutation for all, as one seed gave every GPU); the running statistics follow the first group (rank 0's).
-    Results depend on this key, never on the number of processes."""
+    """Rows of the global batch one of the authors' GPUs held: BatchNorm statistics and Mixup partners per
+    group of that many rows (null: one group; docs/deviations.md). Results never depend on the process count."""
     schedule: str = choice("warmup_cosine", BASE_SCHEDULES)
     """The base lr schedule by step (the authors' mmcv schedules: docs/deviations.md)."""
     warmup_steps: int = 100
@@ -260,9 +251,8 @@ class BaseConfig(SectionConfig):
     """Drop the last, smaller batch of each pass over the images (ours); false: keep it, as the authors' sampler did
     (CUB: 24 iterations per 4 epochs, not 20)."""
     repeat: int = 1
-    """Epochs that share one shuffled pass over `repeat` copies of the images (the authors' RepeatDataset: 4 for
-    CIFAR-100 and CUB, 10 for miniImageNet): where the last smaller batch falls and which images can meet in a
-    batch. base.epochs (and checkpoint_every) are multiples of it."""
+    """Epochs that share one shuffled pass over `repeat` copies of the images (the authors' RepeatDataset);
+    base.epochs and checkpoint_every are multiples of it."""
     dr_weighting: str = choice("uniform", DR_WEIGHTINGS)
     """How the samples weigh in the base DR loss (the authors' miniImageNet: class_balanced)."""
     mixup_alpha: float = 0.0
@@ -272,26 +262,21 @@ class BaseConfig(SectionConfig):
     mix_prob: float = 1.0
     """Probability of mixing a batch when mixup/cutmix is on."""
     unmixed_epochs: int = 0
-    """The last this many epochs train on unmixed batches (timm's mixup_off_epoch = epochs - this; 0: mixed to the
-    end). Ours: the fixed ETF vertices are then last fitted through whole, unmixed training images (on Omniglot's
-    pseudo tasks 20 and 50 of 200 epochs did not beat 0; README)."""
+    """The last this many epochs train on unmixed batches (ours; 0: mixed to the end)."""
     unaugmented_epochs: int = 0
-    """The last this many epochs train on the training images under the test transform: no crop, no flip, no mixing
-    (FixRes's fine-tuning at the test view, Touvron et al. 2019; 0: augmented to the end). Ours: the class means of a
-    base model's features then sit where the fixed ETF vertices are fitted, not only those of augmented views."""
+    """The last this many epochs train under the test transform (ours, FixRes-like; 0: augmented to the end)."""
     dr_scale: float = 10.0
     """Multiplier of the DR loss (the authors' 10; the paper's eq. has none)."""
     precise_bn: bool = False
-    """After training, set the backbone's BatchNorm statistics to the exact ones of the base training images under
-    the test transform (ours, not the authors': their statistics follow the augmented, mixed training batches)."""
+    """After training, the backbone's BatchNorm statistics measured on the training images under the test
+    transform (ours)."""
     checkpoint_every: int = 1
     """Write a resumable checkpoint every this many epochs."""
     eval_batch_size: int = 256
     """Batch size of the base-class test evaluation and precise BatchNorm (no effect on results)."""
     backbone_ce: float = 0.0
-    """Weight of an auxiliary cross-entropy loss on a linear head over the backbone's pooled map, added to the DR
-    loss during base training and discarded after it (ours; 0: off, the paper's base training). What it is for: the
-    class means of a cross-entropy-trained backbone were the strongest simple baseline on both benchmarks (README)."""
+    """Weight of an auxiliary cross-entropy head on the backbone's pooled map during base training (ours; 0:
+    off; docs/research/findings.md)."""
 
     def __post_init__(self):
         self.check_types()
@@ -336,9 +321,8 @@ class ExtractConfig(SectionConfig):
     memory_k: int = 4
     """Maps kept per class by memory=sampled."""
     deviations: int = 0
-    """Base training maps per class (drawn, seeded) whose difference from their class mean the store keeps
-    (memory/base_deviations): the base classes' within-class spread, which incremental.deviation_prob lends to the
-    shots (ours; 0: none)."""
+    """Base training maps per class whose difference from their class mean the store keeps, for
+    incremental.deviation_prob (ours; 0: none)."""
 
     @property
     def memory_rule(self) -> tuple[str, int]:
@@ -407,31 +391,24 @@ class IncrementalConfig(SectionConfig):
     separation_paths: str = choice("all", SEPARATION_PATHS)
     """Which scan paths the separation's means average (docs/deviations.md)."""
     loss_groups: int = 1
-    """The class-sensitive losses are computed on this many groups of the batch (row r in group r % loss_groups)
-    and averaged, a term running only when every group holds its rows; feature-mixup partners are drawn within the
-    groups (one permutation for all). 1: the whole batch; 8: the authors' 8 GPUs x 8 rows (their MIN-gated
-    per-GPU losses). Results depend on this key, never on the number of processes. A session with fewer training
-    rows than a batch pads its one batch an epoch to whole groups with the epoch's first rows (their sampler)."""
+    """Groups the class-sensitive losses are computed on (row r in group r % loss_groups), each term gated
+    on every group holding its rows: 8 is the authors' 8 GPUs (docs/deviations.md); 1: the whole batch."""
     dr_weighting: str = choice("uniform", DR_WEIGHTINGS)
     """How the samples weigh in the session's DR loss (the authors' CIFAR-100 / mini: class_balanced)."""
     freeze_base: bool = True
     """Freeze p_iden and g_base after the base session (the paper); false: they train in every session too."""
     base_lr_scale: float = 1.0
-    """With freeze_base false: the learning-rate multiplier of the parts freeze_base would freeze (p_iden, g_base)
-    in the sessions (ours, between the paper's frozen parts and training them at the session lr)."""
+    """With freeze_base false: the lr multiplier of p_iden and g_base in the sessions (ours)."""
     inc_init: str = "random"
-    """How g_inc starts in session 1: random (its own fresh initialisation) or base (a copy of the trained g_base with
-    the gate p_z zeroed). Either way mu_inc = 0 when session 1 starts (appendix "Initialization of the Incremental
-    Branch")."""
+    """How g_inc starts in session 1: random (the paper) or base (a copy of g_base); its gate starts shut
+    either way."""
     vertex_match: bool = False
-    """Give each session's new classes the free ETF vertices their shots' features already point to (an exact
-    assignment, fixed from then on) instead of the next ones in class order (ours; false: the paper's order)."""
+    """Give new classes the free ETF vertices their shots already point to (ours; false: class order, the
+    paper)."""
     mixup_prob: float = 0.0
     """Feature-mixup probability per batch (0: off)."""
     deviation_prob: float = 0.0
-    """Probability that a novel-group row of a batch (a shot, or a replayed earlier novel row) is trained with a
-    random base deviation added (a base training map minus its class mean, extract.deviations): five shots show
-    little of how a class varies, the base classes show it with every image (ours; 0: off)."""
+    """Probability that a novel row of a batch gets a base deviation added (extract.deviations; ours; 0: off)."""
     dr_scale: float = 10.0
     """Multiplier of the DR loss in the sessions (the authors' 10)."""
     grad_clip_norm: float | None = None

@@ -14,10 +14,15 @@ with masks, sync-free, in one process: the results depend on G, never on how man
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from pipeline.losses.registry import SEPARATION_DELTAS, SEPARATION_FORMS, SEPARATION_PATHS, SUPPRESSION_FORMS
+
+if TYPE_CHECKING:  # the losses read a branch's outputs, they do not build branches
+    from pipeline.models.ss2d import BranchAux
 
 
 def grouped(t: torch.Tensor, groups: int) -> torch.Tensor:
@@ -71,23 +76,23 @@ def suppression_loss(z: torch.Tensor, is_base: torch.Tensor, lambda1: float, lam
 
 
 # ---- what the suppression loss acts on (paper table supp_comparison): (aux, mu_inc) -> tensor or None ----
-def target_z(aux: dict, mu_inc: torch.Tensor | None) -> torch.Tensor:
-    return aux["z"]
+def target_z(aux: BranchAux, mu_inc: torch.Tensor | None) -> torch.Tensor:
+    return aux.z
 
 
-def target_silu_z(aux: dict, mu_inc: torch.Tensor | None) -> torch.Tensor:
-    return F.silu(aux["z"])
+def target_silu_z(aux: BranchAux, mu_inc: torch.Tensor | None) -> torch.Tensor:
+    return F.silu(aux.z)
 
 
-def target_mu_inc(aux: dict, mu_inc: torch.Tensor | None) -> torch.Tensor | None:
+def target_mu_inc(aux: BranchAux, mu_inc: torch.Tensor | None) -> torch.Tensor | None:
     """g_inc's output; of the expanding baseline, the output of its newest branch (the earlier ones are frozen)."""
-    return aux.get("mu_newest", mu_inc)
+    return aux.mu_newest if aux.mu_newest is not None else mu_inc
 
 
-def target_z_channel_flip(aux: dict, mu_inc: torch.Tensor | None) -> torch.Tensor | None:
+def target_z_channel_flip(aux: BranchAux, mu_inc: torch.Tensor | None) -> torch.Tensor | None:
     """The authors' 1-D branch: its K orders' gate streams summed with the reversed orders flipped on the channel
     axis, not the token axis (a defect of their code that the published CIFAR-100 / miniImageNet numbers carry)."""
-    return aux.get("z_channel_flip")
+    return aux.z_channel_flip
 
 
 # ---- separation (eq. loss_sep): one parameter kind's term from the groups' means (G, 2, D_P) ----
@@ -106,24 +111,24 @@ def separation_confusion_mean(means: torch.Tensor) -> torch.Tensor:
 
 
 
-def separation_loss(params: dict[str, torch.Tensor], is_base: torch.Tensor, form: str = "abs_cos",
+def separation_loss(params: BranchAux, is_base: torch.Tensor, form: str = "abs_cos",
                     delta: str = "delta", paths: str = "all", groups: int = 1) -> torch.Tensor:
     """eq. loss_sep: sum over P in (B, C, Delta) of a separation form (`SEPARATION_FORMS`) of P_bar_base and
     P_bar_novel, the means over the group's rows, the scan paths (`paths`: all, or the first only) and the tokens
     (eq. parameter_base_novel).
 
-    params: "B", "C" (N, K, L, d_state), "delta" (N, K, L, D_inner), "dt_low" (N, K, L, dt_rank); `delta` names
-    the one read as Delta. Per loss group, gated: 0 unless every group holds base and novel rows (module doc). 0
-    when the branch generates no parameters. Means are masked sums, not boolean indexing: no shape that depends on
-    data, no wait for the device.
+    params: a branch's B, C (N, K, L, d_state), delta (N, K, L, D_inner), dt_low (N, K, L, dt_rank); `delta` names
+    the one read as Delta (`SEPARATION_DELTAS`). Per loss group, gated: 0 unless every group holds base and novel
+    rows (module doc). 0 when the branch generates no parameters. Means are masked sums, not boolean indexing: no
+    shape that depends on data, no wait for the device.
     """
-    keys = [k for k in ("B", "C", SEPARATION_DELTAS[delta]) if k in params]
-    if not keys:
+    generated = [t for k in ("B", "C", SEPARATION_DELTAS[delta]) if (t := getattr(params, k)) is not None]
+    if not generated:
         return is_base.new_zeros((), dtype=torch.float32)
     masks = None
     total = 0.0
-    for key in keys:
-        p = params[key][:, SEPARATION_PATHS[paths]]
+    for p in generated:
+        p = p[:, SEPARATION_PATHS[paths]]
         p = grouped(p.flatten(1, 2), groups)  # (G, M, K*L, D_P)
         if masks is None:
             masks = _group_masks(is_base, groups, p.dtype).transpose(0, 1)  # (G, 2, M)

@@ -27,10 +27,9 @@ class FSCILModel(nn.Module):
         """x: (N, 3, S, S) -> backbone map (N, C, H, W)."""
         return self.backbone(x)
 
-    def forward_head(self, f: torch.Tensor, num_seen: int, mode: str = "base",
-                     return_aux: bool = False) -> tuple[torch.Tensor, ProjectorOutput]:
+    def forward_head(self, f: torch.Tensor, num_seen: int, mode: str = "base") -> tuple[torch.Tensor, ProjectorOutput]:
         """f: (N, C, H, W) -> (logits over the first num_seen classes (N, num_seen), projector output)."""
-        out = self.projector(f, mode=mode, return_aux=return_aux)
+        out = self.projector(f, mode=mode)
         return self.classifier(out.mu, num_seen), out
 
     def forward(self, x: torch.Tensor, num_seen: int, mode: str = "base") -> torch.Tensor:

@@ -86,6 +86,6 @@ class SharedMamba1DBranch(BranchBase):
             return out
         mu, aux = out
         h, w = self.feature_hw
-        z = aux["z"].transpose(1, 2).reshape(len(mu), -1, h, w)
-        aux["z_channel_flip"] = cross_merge_channel_flip(cross_scan(z, self.dims.k_paths), h, w).transpose(1, 2)
+        z = aux.z.transpose(1, 2).reshape(len(mu), -1, h, w)
+        aux.z_channel_flip = cross_merge_channel_flip(cross_scan(z, self.dims.k_paths), h, w).transpose(1, 2)
         return mu, aux

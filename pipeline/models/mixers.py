@@ -223,5 +223,5 @@ class ExpandingBranches(nn.Module):
         if not return_aux:
             return total + newest(f)
         mu, aux = newest(f, return_aux=True)
-        aux["mu_newest"] = mu  # what the suppression acts on: the output of the branch that trains
+        aux.mu_newest = mu  # what the suppression acts on: the output of the branch that trains
         return total + mu, aux

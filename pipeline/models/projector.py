@@ -13,7 +13,7 @@ from torch import nn
 
 from pipeline.models.mixers import ExpandingBranches
 from pipeline.models.registry import PROJECTOR_KINDS
-from pipeline.models.ss2d import BranchBase, BranchDims
+from pipeline.models.ss2d import BranchAux, BranchBase, BranchDims
 
 
 def suppression_target(kind: str, configured: str) -> str:
@@ -29,8 +29,8 @@ class ProjectorOutput:
     mu_iden: torch.Tensor
     mu_base: torch.Tensor
     mu_inc: torch.Tensor | None  # None in base mode and for single_ssm
-    aux: dict[str, torch.Tensor]  # Z / B / C / Delta of the adapting branch (when requested)
-    aux_base: dict[str, torch.Tensor] | None = None  # the same of g_base next to a g_inc (when requested)
+    aux: BranchAux | None = None  # Z / B / C / Delta of the adapting branch (`session_outputs`)
+    aux_base: BranchAux | None = None  # the same of g_base next to a g_inc (`session_outputs(base_aux=True)`)
 
 
 class Projector(nn.Module):
@@ -116,26 +116,35 @@ class Projector(nn.Module):
             module.eval()
         return self
 
-    def forward(self, f: torch.Tensor, mode: str = "base", return_aux: bool = False,
-                frozen: tuple[torch.Tensor, torch.Tensor] | None = None, base_aux: bool = False) -> ProjectorOutput:
-        """frozen: (mu_iden, mu_base) of these maps from `frozen_outputs`, used instead of running the frozen parts;
-        base_aux: also g_base's Z / B / C / Delta next to a g_inc (`aux_base`; incremental.lambda3_base)."""
+    def forward(self, f: torch.Tensor, mode: str = "base",
+                frozen: tuple[torch.Tensor, torch.Tensor] | None = None) -> ProjectorOutput:
+        """mu of the maps f (N, C, H, W): "base" mode mu = mu_iden + mu_base (base training, extraction, the base
+        model), "incremental" adds mu_inc (eq. mu_t). frozen: (mu_iden, mu_base) of these maps from
+        `frozen_outputs`, used instead of running the frozen parts."""
         if mode not in ("base", "incremental"):
             raise ValueError(f"mode must be 'base' or 'incremental', got {mode!r}")
+        mu_iden, mu_base = frozen if frozen is not None else self._fixed_parts(f)
+        mu_inc = self.g_inc(f) if mode == "incremental" and self.g_inc is not None else None
+        mu = mu_iden + mu_base if mu_inc is None else mu_iden + mu_base + mu_inc
+        return ProjectorOutput(mu=mu, mu_iden=mu_iden, mu_base=mu_base, mu_inc=mu_inc)
+
+    def session_outputs(self, f: torch.Tensor, frozen: tuple[torch.Tensor, torch.Tensor] | None = None,
+                        base_aux: bool = False) -> ProjectorOutput:
+        """What an incremental session's objective reads: mu in incremental mode and the adapting branch's
+        `BranchAux` (g_inc's; single_ssm's g_base); base_aux: g_base's too, next to a g_inc (incremental.lambda3_base:
+        g_base then runs on the maps, not from `frozen`)."""
         aux_base = None
-        if return_aux and mode == "incremental" and self.g_inc is None:  # single_ssm: g_base is the adapting branch
+        if self.g_inc is None:  # single_ssm: g_base is the adapting branch
             mu_iden = self.p_iden(f.mean(dim=(2, 3)))
             mu_base, aux = self.g_base(f, return_aux=True)
-        elif base_aux:
+            return ProjectorOutput(mu=mu_iden + mu_base, mu_iden=mu_iden, mu_base=mu_base, mu_inc=None, aux=aux)
+        if base_aux:
             if frozen is not None:
                 raise ValueError("base_aux needs g_base run on the maps, not its frozen outputs")
             mu_iden = self.p_iden(f.mean(dim=(2, 3)))
-            (mu_base, aux_base), aux = self.g_base(f, return_aux=True), {}
+            mu_base, aux_base = self.g_base(f, return_aux=True)
         else:
-            (mu_iden, mu_base), aux = frozen if frozen is not None else self._fixed_parts(f), {}
-        mu = mu_iden + mu_base
-        mu_inc = None
-        if mode == "incremental" and self.g_inc is not None:
-            mu_inc, aux = self.g_inc(f, return_aux=True) if return_aux else (self.g_inc(f), {})
-            mu = mu + mu_inc  # eq. mu_t
-        return ProjectorOutput(mu=mu, mu_iden=mu_iden, mu_base=mu_base, mu_inc=mu_inc, aux=aux, aux_base=aux_base)
+            mu_iden, mu_base = frozen if frozen is not None else self._fixed_parts(f)
+        mu_inc, aux = self.g_inc(f, return_aux=True)
+        return ProjectorOutput(mu=mu_iden + mu_base + mu_inc, mu_iden=mu_iden, mu_base=mu_base, mu_inc=mu_inc,
+                               aux=aux, aux_base=aux_base)

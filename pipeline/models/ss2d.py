@@ -49,6 +49,27 @@ def mamba_dt_bias(d: int, generator: torch.Generator | None = None, dt_min: floa
     return dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt)
 
 
+@dataclass
+class BranchAux:
+    """What a branch hands the class-sensitive losses (eq. loss_supp, eq. loss_sep) and the diagnostics, besides mu.
+    Shapes: N maps, L tokens, K scan paths."""
+
+    z: torch.Tensor
+    """(N, L, D_inner) the gate stream Z."""
+    B: torch.Tensor | None = None
+    """(N, K, L, d_state) the generated B (None: a mixer without one)."""
+    C: torch.Tensor | None = None
+    """(N, K, L, d_state) the generated C."""
+    delta: torch.Tensor | None = None
+    """(N, K, L, D_inner) softplus(dt_proj(dt) + b)."""
+    dt_low: torch.Tensor | None = None
+    """(N, K, L, dt_rank) the low-rank dt before dt_proj (what the authors' separation reads)."""
+    z_channel_flip: torch.Tensor | None = None
+    """(N, L, D_inner) the authors' 1-D branch's Z: the orders' gate streams summed with the channel axis flipped."""
+    mu_newest: torch.Tensor | None = None
+    """(N, D') the expanding baseline's newest branch's output (the one that trains)."""
+
+
 class BranchBase(nn.Module):
     """Shared front and back of a projector branch: p_mlp + positional embedding + in_proj -> (x, z), gating, pooling.
 
@@ -88,7 +109,8 @@ class BranchBase(nn.Module):
         self.in_proj.weight[self.dims.d_inner:].zero_()
 
     def mix(self, x: torch.Tensor, hw: tuple[int, int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """x: (N, D_inner, H, W) after conv + SiLU -> y: (N, L, D_inner) row-major, plus generated parameters."""
+        """x: (N, D_inner, H, W) after conv + SiLU -> y: (N, L, D_inner) row-major, plus the generated parameters
+        (`BranchAux` fields: B, C, delta, dt_low)."""
         raise NotImplementedError
 
     def x_stream(self, x: torch.Tensor, hw: tuple[int, int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -109,8 +131,7 @@ class BranchBase(nn.Module):
         mu = self.out_proj(y).mean(dim=1)  # Pool over tokens -> (N, D')
         if not return_aux:
             return mu
-        aux["z"] = z
-        return mu, aux
+        return mu, BranchAux(z=z, **aux)
 
 
 class SS2DBranch(BranchBase):

@@ -34,7 +34,7 @@ def pin_gpu(counter, gpus: list[str]) -> None:
 
 def _run_batch(runs: list[Run], work: Path, index: int, reuse_stale: bool) -> dict:
     """One worker: its runs in order, in its own scratch folder and records file; their records."""
-    from pipeline.research.selection import run_once
+    from pipeline.workdir import run_once
 
     records: dict[str, dict] = {}
     part = work / f"runs.part{index}.json"

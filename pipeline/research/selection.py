@@ -28,7 +28,6 @@ import hashlib
 import itertools
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +38,6 @@ import pandas as pd
 import yaml
 
 from pipeline.atomic import atomic_output, atomic_write_text
-from pipeline.code_version import code_digest
 from pipeline.config import Config, check_combination, variant_keys
 from pipeline.data.pack import ImagePack
 from pipeline.errors import FSCILError, TrainingDiverged
@@ -52,7 +50,7 @@ from pipeline.training.base_session import base_stage, derive_base_model
 from pipeline.training.extract import extract_stage
 from pipeline.training.incremental_session import session_stage
 from pipeline.training.progress import clock
-from pipeline.workdir import check_code, locked
+from pipeline.workdir import locked, run_once
 
 RESULTS_FILE = "results.json"  # candidate results by candidate key, kept in the work dir across runs
 SCORES = ("avg", "final", "pd", "base")
@@ -219,29 +217,6 @@ def selected_yaml(chosen: dict[str, Any], pseudo: list[dict], variant: str | Non
               f"{packs}{f', variant {variant}' if variant else ''}. Merge into params.yaml.\n"
               + (f"# Not selected, read by a chosen value: {', '.join(needed)}.\n" if needed else ""))
     return header + yaml.safe_dump(nested, sort_keys=False)
-
-
-def run_once(records: dict, key: str, records_path: Path, scratch: Path, run: Callable[[Path], dict],
-             diverged: dict | None = None, reuse_stale: bool = False) -> bool:
-    """records[key] from an earlier run when it holds one under the current divergence rules (one made by other code
-    is refused unless `reuse_stale`: `workdir.check_code`); else run(scratch) now, store its record (a
-    TrainingDiverged as err.record() over `diverged`: a run that diverges is a result, not the end of the selection
-    or study) with its seconds and the code digest, and write records to records_path at once. Returns whether the
-    record was stored before. `fscil select` and `fscil study` both keep their runs this way, in a locked folder."""
-    code = code_digest()
-    if key in records and not TrainingDiverged.stale(records[key]):
-        check_code(records[key], code, records_path.parent, reuse_stale)
-        return True
-    started = time.time()
-    shutil.rmtree(scratch, ignore_errors=True)
-    try:
-        record = run(scratch)
-    except TrainingDiverged as err:
-        record = {**(diverged or {}), **err.record()}
-    shutil.rmtree(scratch, ignore_errors=True)
-    records[key] = {**record, "seconds": round(time.time() - started, 2), "code": code}
-    atomic_write_text(records_path, json.dumps(records, indent=2) + "\n")
-    return False
 
 
 def _run_cached(cand: Config, pack: tuple[Path, dict], work_dir: Path, results: dict, results_path: Path,

@@ -29,10 +29,10 @@ from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.plots import PROTOTYPE
 from pipeline.research.parallel import run_batches
-from pipeline.research.selection import run_candidate, run_once
+from pipeline.research.selection import run_candidate
 from pipeline.training.base_model import base_twin, config_digest
 from pipeline.training.progress import clock
-from pipeline.workdir import locked
+from pipeline.workdir import locked, run_once
 
 RUNS_FILE = "runs.json"
 

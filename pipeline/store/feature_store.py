@@ -130,16 +130,17 @@ class FeatureStore:
     def verify(self, stage: str = "extract") -> None:
         """Read every chunk of every array and check each array's shape and sha256 against what the extraction
         recorded (`FeatureStoreWriter.finish`): a missing, truncated, reshaped or corrupted array is a one-line error
-        naming it and the stage that writes the store, before any training. A store written before digests were
-        recorded is read through (every chunk) without them."""
-        recorded = self.attrs.get("arrays")
-        names = sorted(recorded) if recorded else _array_names(self.root)
+        naming it and the stage that writes the store, before any training."""
         fix = f"rerun `fscil stage {stage}` (dvc repro -f -s {stage})"
+        recorded = self.attrs.get("arrays")
+        if not recorded:
+            raise FSCILError(f"{self.path}: written by an earlier version of this code (no array digests); {fix}")
+        names = sorted(recorded)
         for name in names:
             if name not in self.root:
                 raise FSCILError(f"{self.path}: array {name} is missing; {fix}")
             array = self.root[name]
-            if recorded and list(array.shape) != recorded[name]["shape"]:
+            if list(array.shape) != recorded[name]["shape"]:
                 raise FSCILError(f"{self.path}: array {name} has shape {tuple(array.shape)}, the extraction wrote "
                                  f"{tuple(recorded[name]['shape'])}; {fix}")
             try:
@@ -147,7 +148,7 @@ class FeatureStore:
             except Exception as err:  # zarr and its codecs raise many kinds on a damaged chunk
                 raise FSCILError(f"{self.path}: array {name} has an unreadable chunk ({type(err).__name__}); "
                                  f"{fix}") from None
-            if recorded and digest != recorded[name]["sha256"]:
+            if digest != recorded[name]["sha256"]:
                 raise FSCILError(f"{self.path}: array {name} does not hold what the extraction wrote (sha256 "
                                  f"mismatch); {fix}")
 
@@ -189,8 +190,6 @@ class FeatureStore:
 
     def base_memory(self) -> tuple[np.ndarray, np.ndarray]:
         """The base classes' memory (maps (M, C, H, W), classes (M,)): what the sessions train on."""
-        if "memory/base_maps" not in self.root:  # a store of the mean rule written before the memory variants
-            return self.base_means()
         return self._read("memory/base_maps").astype(np.float32), self._read("memory/base_map_classes")
 
     def base_deviations(self) -> np.ndarray | None:

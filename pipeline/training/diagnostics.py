@@ -55,11 +55,11 @@ def b_activation_maps(branch, f: torch.Tensor) -> torch.Tensor | None:
     """||B_t|| per token of a branch, back at each token's spatial position and averaged over the K scan paths:
     (n, H, W); None for a branch that generates no B."""
     _, aux = branch(f, return_aux=True)
-    if "B" not in aux:
+    if aux.B is None:
         return None
-    n, k, length, _ = aux["B"].shape
+    n, k, length, _ = aux.B.shape
     h, w = f.shape[2:]
-    norms = aux["B"].norm(dim=-1).unsqueeze(2)  # (n, K, 1, L) in each path's scan order
+    norms = aux.B.norm(dim=-1).unsqueeze(2)  # (n, K, 1, L) in each path's scan order
     return (cross_merge(norms, h, w) / k).view(n, h, w)
 
 
@@ -74,13 +74,13 @@ def session_diagnostics(projector, classifier, store: FeatureStore, num_seen: in
     maps, labels_np = store.test_set(max_label=num_seen)
     feats, preds, z_energy, sums = [], [], [], {key: [] for key in PARAMS}
     for i in range(0, len(labels_np), batch_size):
-        out = projector(torch.from_numpy(maps[i:i + batch_size]).to(device), mode="incremental", return_aux=True)
+        out = projector.session_outputs(torch.from_numpy(maps[i:i + batch_size]).to(device))
         preds.append(classifier(out.mu, num_seen).argmax(dim=1).cpu())
         feats.append(out.mu.double().cpu())
-        z_energy.append(out.aux["z"].double().pow(2).flatten(1).mean(dim=1).cpu())
+        z_energy.append(out.aux.z.double().pow(2).flatten(1).mean(dim=1).cpu())
         for key in PARAMS:
-            if key in out.aux:  # (n, K, L, D_P) -> per-sample mean over K and L
-                sums[key].append(out.aux[key].double().mean(dim=(1, 2)).cpu())
+            if (generated := getattr(out.aux, key)) is not None:  # (n, K, L, D_P) -> per-sample mean over K and L
+                sums[key].append(generated.double().mean(dim=(1, 2)).cpu())
     mu, energy = torch.cat(feats), torch.cat(z_energy)
     labels = torch.from_numpy(labels_np)
     is_base = labels < num_base

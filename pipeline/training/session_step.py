@@ -25,7 +25,7 @@ def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is
     loss_supp), separation (eq. loss_sep)) in the forms incremental.* names, the class-sensitive ones per loss group;
     a term whose weights are zero is an exact 0. mix_perm: the batch's feature-mixup partners (None: not mixed);
     frozen: the batch's (mu_iden, mu_base) when p_iden and g_base are frozen (`Projector.frozen_outputs`)."""
-    out = projector(x, mode="incremental", return_aux=True, frozen=frozen, base_aux=bool(inc.lambda3_base))
+    out = projector.session_outputs(x, frozen, base_aux=bool(inc.lambda3_base))
     mu, y_a, y_b, lam = feature_mixup(out.mu, y, FEATURE_MIXUP_RATIO, mix_perm)
     head = HEADS[classifier_kind]
     cls = mixed_loss(head.loss, classifier(mu, num_seen), y_a, y_b, lam, scale=head.loss_scale(inc.dr_scale),
