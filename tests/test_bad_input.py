@@ -200,13 +200,15 @@ def test_overflowing_features_are_a_non_finite_loss_not_a_silent_flat_one(tiny_r
     _, params, paths = tiny_run
     data = tmp_path / "data"
     shutil.copytree(paths.data_dir, data, ignore=shutil.ignore_patterns("sessions", "report"))
-    real = Projector.forward
+    def overflowing(real):
+        def method(self, *args, **kwargs):  # finite features whose norm overflows float32
+            out = real(self, *args, **kwargs)
+            return dataclasses.replace(out, mu=out.mu * 1e20)
+        return method
 
-    def overflowing(self, *args, **kwargs):  # finite features whose norm overflows float32
-        out = real(self, *args, **kwargs)
-        return dataclasses.replace(out, mu=out.mu * 1e20)
-
-    monkeypatch.setattr(Projector, "forward", overflowing)
+    # both paths: the model's features (base training, evaluation) and a session step's objective
+    monkeypatch.setattr(Projector, "forward", overflowing(Projector.forward))
+    monkeypatch.setattr(Projector, "session_outputs", overflowing(Projector.session_outputs))
     result = cli("stage", "base", "--params", str(params), "--data-dir", str(data), "-q")
     _assert_one_line_error(result, "base training: non-finite loss at epoch 1 step 1", "nothing written")
     assert (data / "base" / "model.safetensors").read_bytes() == (paths.base / "model.safetensors").read_bytes()

@@ -131,3 +131,50 @@ def test_passes_pad_to_whole_device_groups_like_their_sampler():
     dropped = build_config({"preset": "synthetic", "base": {"epochs": 6, "batch_size": 16, "repeat": 3,
                                                             "checkpoint_every": 3}})
     assert base_plan(dropped.base, 21) == (2, 3, 63, 1)
+
+
+def test_the_authors_mixed_loss_counts_the_first_targets_loss_twice_on_a_mixed_batch_only():
+    """base.mix_loss lam_weighted_plus_a against the formula by hand (their classifier's mixed branch, then its
+    plain branch on the same features): lam L(a) + (1 - lam) L(b) + L(a) on a Mixup / CutMix batch, L(a) once on an
+    unmixed one; DR x 10 per sample, class-balanced weights of each target when asked; the paper's form has no
+    third term."""
+    from pipeline.config.sections import BaseConfig
+    from pipeline.losses.classification import class_balance_weights
+    from pipeline.models.registry import HEADS
+    from pipeline.training.base_session import base_loss
+
+    gen = torch.Generator().manual_seed(0)
+    cos = torch.rand(6, 5, generator=gen, dtype=torch.float64) * 2 - 1
+    y_a, y_b = torch.tensor([0, 1, 2, 3, 4, 0]), torch.tensor([1, 1, 0, 2, 4, 3])
+    lam = torch.full((6,), 0.3, dtype=torch.float64)
+    dr = lambda i, y: 10 * 0.5 * (cos[i, y[i]] - 1) ** 2  # noqa: E731
+    l_a, l_b = sum(dr(i, y_a) for i in range(6)) / 6, sum(dr(i, y_b) for i in range(6)) / 6
+    paper, authors = BaseConfig(dr_scale=10.0), BaseConfig(dr_scale=10.0, mix_loss="lam_weighted_plus_a")
+    one, zero = torch.ones((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+    got = base_loss(HEADS["etf"], authors, cos, None, y_a, y_b, lam, mixed=one)
+    assert torch.allclose(got, 0.3 * l_a + 0.7 * l_b + l_a, rtol=1e-12, atol=0)
+    assert torch.allclose(base_loss(HEADS["etf"], paper, cos, None, y_a, y_b, lam, mixed=one), 0.3 * l_a + 0.7 * l_b,
+                          rtol=1e-12, atol=0)
+    unmixed = torch.ones(6, dtype=torch.float64)
+    assert torch.allclose(base_loss(HEADS["etf"], authors, cos, None, y_a, y_a, unmixed, mixed=zero), l_a,
+                          rtol=1e-12, atol=0)
+    # with the authors' with_len weights (miniImageNet's DR weighting): each target's own weights, the third term
+    # weighted as the first
+    w_a, w_b = class_balance_weights(y_a, 5).double(), class_balance_weights(y_b, 5).double()
+    wa = sum(w_a[i] * dr(i, y_a) for i in range(6)) / 6
+    wb = sum(w_b[i] * dr(i, y_b) for i in range(6)) / 6
+    got = base_loss(HEADS["etf"], authors, cos, None, y_a, y_b, lam, (w_a, w_b), mixed=one)
+    assert torch.allclose(got, 0.3 * wa + 0.7 * wb + wa, rtol=1e-12, atol=0)
+
+
+def test_the_cifar100_preset_sets_the_authors_mixed_loss_and_no_other_preset_mixes_without_it():
+    from pipeline.config import available_presets
+
+    assert build_config({"preset": "cifar100", "data": {"source": "synthetic"}}).base.mix_loss == "lam_weighted_plus_a"
+    for preset in available_presets():
+        paper = preset in ("cifar100", "mini_imagenet", "cub200")
+        cfg = build_config({"preset": preset, "data": {"source": "synthetic"} if paper else {"root": "x"}})
+        if preset not in ("cifar100",):
+            assert cfg.base.mix_loss == "lam_weighted", preset  # the paper's form: CPU presets; mini, CUB never mix
+        if preset in ("mini_imagenet", "cub200"):
+            assert cfg.base.mixup_alpha == cfg.base.cutmix_alpha == 0.0, preset

@@ -184,7 +184,7 @@ def test_the_last_unmixed_epochs_train_on_the_augmented_images_alone() -> None:
     y = torch.arange(8)
     cfg = BaseConfig(epochs=10, mixup_alpha=1.0, unmixed_epochs=3)
     for epoch, mixed in ((0, True), (6, True), (7, False), (9, False)):
-        xb, y_a, y_b, lam = _base_batch(x, y, 8, preset, cfg, epoch, torch.Generator().manual_seed(epoch))
+        xb, y_a, y_b, lam, _ = _base_batch(x, y, 8, preset, cfg, epoch, torch.Generator().manual_seed(epoch))
         plain_x = train_augment(x, preset, torch.Generator().manual_seed(epoch))
         if mixed:
             assert bool((lam < 1).any()) and not torch.equal(xb, plain_x)
@@ -205,13 +205,13 @@ def test_the_last_unaugmented_epochs_train_on_the_test_view() -> None:
     view = test_transform(x, preset)
     cfg = BaseConfig(epochs=10, mixup_alpha=1.0, unaugmented_epochs=2)
     for epoch in (8, 9):
-        xb, y_a, y_b, lam = _base_batch(x, y, 8, preset, cfg, epoch, torch.Generator().manual_seed(epoch))
+        xb, y_a, y_b, lam, _ = _base_batch(x, y, 8, preset, cfg, epoch, torch.Generator().manual_seed(epoch))
         assert torch.equal(xb, view) and torch.equal(lam, torch.ones(8))
         assert torch.equal(y_a, y) and torch.equal(y_b, y)
-    xb, _, _, lam = _base_batch(x, y, 8, preset, cfg, 7, torch.Generator().manual_seed(7))
+    xb, _, _, lam, _ = _base_batch(x, y, 8, preset, cfg, 7, torch.Generator().manual_seed(7))
     assert bool((lam < 1).any()) and not torch.equal(xb, view)
     both = BaseConfig(epochs=10, mixup_alpha=1.0, unmixed_epochs=5, unaugmented_epochs=2)
-    xb, _, _, lam = _base_batch(x, y, 8, preset, both, 7, torch.Generator().manual_seed(7))  # unmixed, augmented
+    xb, _, _, lam, _ = _base_batch(x, y, 8, preset, both, 7, torch.Generator().manual_seed(7))  # unmixed, augmented
     assert torch.equal(xb, train_augment(x, preset, torch.Generator().manual_seed(7)))
     assert torch.equal(lam, torch.ones(8))
     assert torch.equal(_base_batch(x, y, 8, preset, both, 9, torch.Generator().manual_seed(9))[0], view)

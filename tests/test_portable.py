@@ -24,7 +24,8 @@ def _run(tmp: Path, params: Path, stages: tuple = STAGES, **env: str) -> dict[st
     data = tmp / "data"
     clean = {k: v for k, v in os.environ.items() if k not in PORTABLE and k != "FSCIL_CPU_KERNELS"}
     for stage in stages:
-        cmd = [sys.executable, "-m", "stages.cli", "stage", *stage, "--params", str(params), "--data-dir", str(data)]
+        # what dvc.yaml runs (stages/run): the stage's own module, which must pin the kernels before torch loads
+        cmd = [sys.executable, "-m", f"stages.{stage[0]}", *stage[1:], "--params", str(params), "--data-dir", str(data)]
         if stage[0] == "report":
             cmd += ["--metrics", str(tmp / "metrics.json")]
         done = subprocess.run(cmd, cwd=REPO, env={**clean, **env}, capture_output=True, text=True, timeout=600)
@@ -49,6 +50,13 @@ def test_two_capability_settings_give_byte_identical_runs(tmp_path):
     native = [_run(tmp_path / name, params, STAGES[:2], ATEN_CPU_CAPABILITY=capability, FSCIL_CPU_KERNELS="native")
               for name, capability in (("n-scalar", "default"), ("n-avx512", "avx512"))]
     assert native[0]["data/base/model.safetensors"] != native[1]["data/base/model.safetensors"]
+
+
+def test_a_stage_module_pins_the_kernels_before_its_imports_load_torch():
+    clean = {k: v for k, v in os.environ.items() if k not in PORTABLE and k != "FSCIL_CPU_KERNELS"}
+    code = "import os, stages.base, torch; print(os.environ.get('MKL_CBWR'), os.environ.get('ATEN_CPU_CAPABILITY'))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [PORTABLE["MKL_CBWR"], PORTABLE["ATEN_CPU_CAPABILITY"]]
 
 
 def test_the_pin_sets_every_library_and_refuses_to_come_too_late():

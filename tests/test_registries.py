@@ -105,6 +105,17 @@ def separation_paths(name: str, paths) -> None:
     assert torch.zeros(2, 4, 3)[:, paths].shape[1] >= 1
 
 
+def base_mix_loss(name: str, fn) -> None:
+    """An unmixed batch (lam = 1, y_b = y_a, mixed 0) is the head's loss on its targets; a mixed one is finite."""
+    from pipeline.losses.classification import dot_regression_loss
+
+    cos = torch.rand(4, 3) * 2 - 1
+    y = torch.tensor([0, 1, 2, 0])
+    plain = fn(dot_regression_loss, cos, y, y, torch.ones(4), torch.zeros(()))
+    assert torch.allclose(plain, dot_regression_loss(cos, y))
+    assert torch.isfinite(fn(dot_regression_loss, cos, y, y.flip(0), torch.full((4,), 0.3), torch.ones(())))
+
+
 def dr_weighting(name: str, fn) -> None:
     labels = torch.tensor([0, 0, 0, 1, 2, 2])
     weights = fn(labels, 4)
@@ -146,6 +157,7 @@ INVARIANTS: dict[str, Callable] = {
     "pipeline.losses.registry.SEPARATION_DELTAS": separation_delta,
     "pipeline.losses.registry.SEPARATION_PATHS": separation_paths,
     "pipeline.losses.registry.DR_WEIGHTINGS": dr_weighting,
+    "pipeline.losses.registry.BASE_MIX_LOSSES": base_mix_loss,
     "pipeline.training.registry.SCHEDULES": session_schedule,
     "pipeline.training.registry.BASE_SCHEDULES": base_schedule,
     "pipeline.store.registry.MEMORY_RULES": memory_rule,

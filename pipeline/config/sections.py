@@ -16,6 +16,7 @@ from pipeline.data.registry import DATASETS
 from pipeline.data.synthetic import SyntheticSpec, class_count_error
 from pipeline.errors import FSCILError
 from pipeline.losses.registry import (
+    BASE_MIX_LOSSES,
     DR_WEIGHTINGS,
     SEPARATION_DELTAS,
     SEPARATION_FORMS,
@@ -261,6 +262,9 @@ class BaseConfig(SectionConfig):
     """Batch CutMix alpha (0: off)."""
     mix_prob: float = 1.0
     """Probability of mixing a batch when mixup/cutmix is on."""
+    mix_loss: str = choice("lam_weighted", BASE_MIX_LOSSES)
+    """The head's loss on a Mixup / CutMix batch: the paper's, or the authors' with the first targets' loss counted
+    again (docs/deviations.md)."""
     unmixed_epochs: int = 0
     """The last this many epochs train on unmixed batches (ours; 0: mixed to the end)."""
     unaugmented_epochs: int = 0

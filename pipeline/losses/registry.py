@@ -42,6 +42,14 @@ SEPARATION_PATHS = Registry("separation path choice", {
     "first": (slice(0, 1), "the authors' 1-D branch: the first token order's only"),
 }, lazy=False)
 
+# base.mix_loss: the head's loss on a Mixup / CutMix batch of the base training (eq. optim_base)
+BASE_MIX_LOSSES = Registry("mixed-batch loss", {
+    "lam_weighted": ("pipeline.losses.classification:mix_loss_lam_weighted",
+                     "the paper: lam L(y_a) + (1 - lam) L(y_b)"),
+    "lam_weighted_plus_a": ("pipeline.losses.classification:mix_loss_lam_weighted_plus_a",
+                            "the authors: lam L(y_a) + (1 - lam) L(y_b) + L(y_a)"),
+})
+
 # incremental.dr_weighting / base.dr_weighting: each sample's weight in the DR loss
 DR_WEIGHTINGS = Registry("DR weighting", {
     "uniform": ("pipeline.losses.classification:uniform_weights", "the paper: the plain mean"),

@@ -30,6 +30,7 @@ from pipeline.data.pack import ImagePack
 from pipeline.data.presets import get_preset
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.losses.classification import cross_entropy_loss, mixed_loss, target_weights
+from pipeline.losses.registry import BASE_MIX_LOSSES
 from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.models.registry import HEADS
 from pipeline.precision import autocast, image_layout, memory_format
@@ -111,21 +112,24 @@ def _base_batch(images: torch.Tensor, targets: torch.Tensor, num_base: int, pres
                 gen: torch.Generator, host_gen: torch.Generator | None = None, groups: int = 1,
                 extents: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """One global batch of eq. optim_base: augmented images, the two targets and lam of batch Mixup/CutMix
-    (target_b == target_a and lam == 1 when nothing is mixed: Mixup/CutMix off, or one of the last unmixed_epochs).
+    (target_b == target_a and lam == 1 when nothing is mixed: Mixup/CutMix off, or one of the last unmixed_epochs),
+    and whether it was mixed (a 0-dim float tensor: 1 for a Mixup / CutMix batch, else 0).
     In the last unaugmented_epochs the batch is the test view of the images, unmixed. gen draws the augmentation,
     host_gen (a CPU generator; None: gen) the mixing; groups: the device groups Mixup partners stay in; extents: the
     images' extents on their canvas (the shorter_side view) or None."""
     from_end = base_cfg.epochs - epoch  # 1 in the last epoch
     y_a = y_b = targets
     lam = torch.ones(len(targets), device=images.device)
+    unmixed = torch.zeros((), device=images.device)
     if from_end <= base_cfg.unaugmented_epochs:
-        return test_transform(images, preset, extents), y_a, y_b, lam
+        return test_transform(images, preset, extents), y_a, y_b, lam, unmixed
     x = train_augment(images, preset, gen, extents)
     if from_end > base_cfg.unmixed_epochs and (base_cfg.mixup_alpha > 0 or base_cfg.cutmix_alpha > 0):
         mixed = mixup_cutmix(x, y_a, num_base, base_cfg.mixup_alpha, base_cfg.cutmix_alpha, base_cfg.mix_prob, 0.5,
                              gen if host_gen is None else host_gen, groups)
-        x, y_a, y_b, lam = mixed.images, mixed.target_a, mixed.target_b, mixed.lam
-    return x, y_a, y_b, lam
+        flag = torch.full((), float(mixed.kind != "none"), device=images.device)
+        return mixed.images, mixed.target_a, mixed.target_b, mixed.lam, flag
+    return x, y_a, y_b, lam, unmixed
 
 
 def _write_base_model(out_dir: Path, model: FSCILModel, cfg, pack: ImagePack, input_size: int, result: dict) -> None:
@@ -156,11 +160,16 @@ def derive_base_model(cfg, twin_dir: Path, pack_path: Path, out_dir: Path) -> di
 
 
 def base_loss(head, base_cfg, logits: torch.Tensor, aux_logits: torch.Tensor | None, y_a: torch.Tensor,
-              y_b: torch.Tensor, lam: torch.Tensor, weights: tuple | None = None) -> torch.Tensor:
-    """One batch's loss of eq. optim_base: the head's loss on the mixed targets (DR x base.dr_scale for the ETF head,
-    weighted by base.dr_weighting: `weights`, computed on the global batch), plus base.backbone_ce x cross-entropy of
-    the auxiliary head on the same targets (ours; aux_logits None: off)."""
-    loss = mixed_loss(head.loss, logits, y_a, y_b, lam, scale=head.loss_scale(base_cfg.dr_scale), weights=weights)
+              y_b: torch.Tensor, lam: torch.Tensor, weights: tuple | None = None,
+              mixed: torch.Tensor | None = None) -> torch.Tensor:
+    """One batch's loss of eq. optim_base: the head's loss on the mixed targets in the form base.mix_loss names (DR
+    x base.dr_scale for the ETF head, weighted by base.dr_weighting: `weights`, computed on the global batch), plus
+    base.backbone_ce x cross-entropy of the auxiliary head on the same targets (ours; aux_logits None: off). mixed:
+    a 0-dim tensor, 1 when the batch was mixed (None: read from lam < 1)."""
+    if mixed is None:
+        mixed = (lam < 1).any()
+    loss = BASE_MIX_LOSSES[base_cfg.mix_loss](head.loss, logits, y_a, y_b, lam, mixed,
+                                               scale=head.loss_scale(base_cfg.dr_scale), weights=weights)
     if aux_logits is not None:
         loss = loss + mixed_loss(cross_entropy_loss, aux_logits, y_a, y_b, lam, scale=base_cfg.backbone_ce)
     return loss
@@ -266,13 +275,13 @@ def base_step(cfg, run: BaseRun, head, batch: tuple) -> torch.Tensor:
     """One update of eq. optim_base on a global batch (x, y_a, y_b, lam); returns (the global-batch loss: the mean of
     the equal slices' means, the same on every process; the batch's images whose arg-max is their dominant target)
     as a device tensor: nothing waits for the device here."""
-    x, y_a, y_b, lam = batch
+    x, y_a, y_b, lam, mixed = batch
     local = run.group.local_slice(len(x))
     weights = target_weights(cfg.base.dr_weighting, y_a, y_b, run.num_base)  # over the global batch
     with autocast(x.device, cfg.precision):  # params precision: bf16 in the fast profile
         logits = run.net(image_layout(x[local], cfg.precision))
     loss = base_loss(head, cfg.base, *(t.float() if t is not None else None for t in logits), y_a[local], y_b[local],
-                     lam[local], None if weights is None else (weights[0][local], weights[1][local]))
+                     lam[local], None if weights is None else (weights[0][local], weights[1][local]), mixed)
     global_loss = all_reduce_sum(loss.detach(), run.group) / run.group.world_size
     dominant = torch.where(lam[local] >= 0.5, y_a[local], y_b[local])  # the larger share of a mixed image
     correct = all_reduce_sum((logits[0].detach().argmax(dim=1) == dominant).sum().float(), run.group)
