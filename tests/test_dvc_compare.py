@@ -100,3 +100,23 @@ def test_every_row_has_the_resolved_values_and_plots_diff_needs_no_cache(tmp_pat
     last = blocks[2].splitlines()[-2].split()
     assert float(last[2]) == pytest.approx(float(exp[-1]["acc"]), abs=0.005)  # seen accuracy of the last session
     assert blocks[2].splitlines()[-1].startswith(f"AVG {sum(float(r['acc']) for r in exp) / len(exp):.2f}")
+
+
+def test_compare_leaves_out_running_experiments_and_takes_metric_patterns():
+    """From `dvc exp show --csv` text: a running experiment (which dvc lists with the workspace's metrics under its
+    name) is left out and named; -m takes shell patterns; a pattern naming no metric is a one-line error."""
+    from pipeline.errors import FSCILError
+    from pipeline.research.compare import compare
+
+    text = ("Experiment,rev,typ,Created,parent,State,Executor,avg,sessions.s0,sessions.s1,"
+            "data/config/run.yaml:variant\n"
+            ",main,baseline,2026,,,,50.0,80.0,60.0,mamba_fscil\n"
+            "try-mlp,abc1234,branch_base,2026,,Success,,52.0,81.0,62.0,mlp_baseline\n"
+            "running-one,def5678,branch_commit,2026,,Running,workspace,50.0,80.0,60.0,mamba_fscil\n")
+    table, unfinished = compare(text, [], ("sessions.*",))
+    assert list(table.columns) == ["main", "try-mlp"] and unfinished == ["running-one (running)"]
+    assert list(table.index) == ["variant", "sessions.s0", "sessions.s1"]
+    with pytest.raises(FSCILError, match=r"^-m avgg: no such metric \(metrics.json has avg, sessions\.\*\)$"):
+        compare(text, [], ("avgg",))
+    with pytest.raises(FSCILError, match="no results for running-one"):
+        compare(text, ["main", "running-one"])
