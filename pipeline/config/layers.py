@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from pipeline.config.fields import SectionConfig
-from pipeline.config.sections import RUN_SECTION_TYPES
+from pipeline.config.sections import RUN_SECTION_TYPES, TopLevel
 from pipeline.errors import FSCILError
 
 PRESET_DIR = Path(__file__).parents[1] / "presets"
@@ -38,9 +38,7 @@ LAYERS = (
     ("-S", "section.key=value on the command line (`dvc exp run -S` syntax)"),
 )
 # the top-level keys and their defaults (`variant_params` is a layer of its own, not a value)
-TOP_DEFAULTS: dict[str, Any] = {"preset": "synthetic", "variant": None, "seed": 0, "device": "auto",
-                                "deterministic": True, "scan": "auto", "precision": "fp32", "threads": 2,
-                                "nproc_per_node": 1, "sessions": None}
+TOP_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TopLevel)}
 TOP_KEYS = (*TOP_DEFAULTS, "variant_params")
 # what a variant file may hold besides params sections: the dotted keys its method needs above zero
 VARIANT_NONZERO = "nonzero"

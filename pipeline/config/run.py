@@ -11,40 +11,21 @@ from typing import Any
 
 from pipeline.config.fields import check
 from pipeline.config.layers import SECTION_TYPES, SECTIONS, nest, read_yaml, resolve_params, variant_nonzero
-from pipeline.config.sections import BaseConfig, DataConfig, ExtractConfig, IncrementalConfig, ModelConfig
+from pipeline.config.sections import BaseConfig, DataConfig, ExtractConfig, IncrementalConfig, ModelConfig, TopLevel
 from pipeline.errors import FSCILError
 from pipeline.ops.scan_dispatch import SCAN_CHOICES
 from pipeline.precision import PRECISIONS
 
 
-@dataclass
-class Config:
-    preset: str
-    """The preset: benchmark, widths and schedule (pipeline/presets; `fscil list`)."""
-    seed: int
-    """Seed of the data split (synthetic), the initialisation and every random draw."""
-    device: str
-    """auto (CUDA when there is one), cpu, cuda or cuda:N."""
-    threads: int
-    """CPU intra-op threads (CPU results depend on it)."""
-    variant: str | None
-    """The method on top of the preset (pipeline/variants; null: the preset's values alone)."""
+@dataclass(kw_only=True)
+class Config(TopLevel):
+    """The run: its top-level keys (`TopLevel`) and its sections."""
+
     data: DataConfig
     model: ModelConfig
     base: BaseConfig
     extract: ExtractConfig
     incremental: IncrementalConfig
-    sessions: dict[str, str] | None = None
-    """params.yaml `sessions`: the incremental sessions `dvc repro` runs (dvc.yaml's foreach); None outside DVC."""
-    deterministic: bool = True
-    """CUDA only: bit-for-bit reruns in full float32 (true) or the faster kernels (false); `pipeline.device`."""
-    scan: str = "auto"
-    """CUDA only: which selective scan runs: auto | torch | triton | mamba (`pipeline.ops.selective_scan.set_scan`)."""
-    precision: str = "fp32"
-    """fp32, or bf16 autocast in the training steps and extraction (`pipeline.precision`; the fast profile)."""
-    nproc_per_node: int = 1
-    """Processes of base training and extraction (torchrun, one GPU each); results depend on base.batch_size, not
-    on this."""
     origins: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
     """Dotted key -> the layer its value came from (module docstring)."""
 

@@ -469,6 +469,33 @@ class IncrementalConfig(SectionConfig):
         return values[session - 1]
 
 
+@dataclass(kw_only=True)
+class TopLevel:
+    """The top-level keys of params.yaml (the run's `Config` carries them with the sections)."""
+
+    preset: str = "synthetic"
+    """The preset: benchmark, widths and schedule (pipeline/presets; `fscil list`)."""
+    variant: str | None = None
+    """The method on top of the preset (pipeline/variants; null: the preset's values alone)."""
+    seed: int = 0
+    """Seed of the data split (synthetic), the initialisation and every random draw."""
+    device: str = "auto"
+    """auto (CUDA when there is one), cpu, cuda or cuda:N."""
+    deterministic: bool = True
+    """CUDA only: bit-for-bit reruns in full float32 (true) or the faster kernels (false); `pipeline.device`."""
+    scan: str = "auto"
+    """CUDA only: which selective scan runs (`pipeline.ops.scan_dispatch.SCAN_CHOICES`; docs/gpu.md)."""
+    precision: str = "fp32"
+    """fp32, or bf16 autocast in the training steps and extraction (`pipeline.precision`; the fast profile)."""
+    threads: int = 2
+    """CPU intra-op threads (CPU results depend on it)."""
+    nproc_per_node: int = 1
+    """Processes of base training and extraction (torchrun, one GPU each); results depend on base.batch_size, not
+    on this."""
+    sessions: dict[str, str] | None = None
+    """params.yaml `sessions`: the incremental sessions `dvc repro` runs (dvc.yaml's foreach); None outside DVC."""
+
+
 # every params.yaml section a run reads, and its dataclass (`fscil select`'s: pipeline/research/selection_config.py)
 RUN_SECTION_TYPES: dict[str, type[SectionConfig]] = {
     "data": DataConfig, "model": ModelConfig, "base": BaseConfig, "extract": ExtractConfig,

@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
-from pipeline.config import STAGE_KEYS, Config
+from pipeline.config import STAGE_KEYS
 from pipeline.config.fields import choices
 from pipeline.config.layers import TOP_DEFAULTS
-from pipeline.config.sections import RUN_SECTION_TYPES
+from pipeline.config.sections import RUN_SECTION_TYPES, TopLevel
 from pipeline.research.selection_config import SEARCH, SelectionConfig
 
 
@@ -65,7 +65,7 @@ def keys_table() -> str:
              "The `fscil select` column names the candidate list of a key `fscil select` can search, its stage and "
              "the paper's candidates (without them the list is empty: the configured value is kept).", "",
              "| key | default | read by stages | `fscil select` | description |", "|---|---|---|---|---|"]
-    top_docs = field_docs(Config)
+    top_docs = field_docs(TopLevel)
     for key, default in TOP_DEFAULTS.items():
         lines.append(_row(key, default, _readers("", key), "-", top_docs.get(key, "")))
     for section, cls in RUN_SECTION_TYPES.items():

@@ -21,46 +21,61 @@ from pipeline.errors import FSCILError
 
 @dataclass(frozen=True)
 class Search:
-    """A run key `fscil select` may search: the selection stage that chooses it and the paper's candidates (None:
+    """A run key `fscil select` may search: the selection field listing its candidates (`selection.<name>`: base_<key>
+    for the base section's keys, else the key), the selection stage that chooses it and the paper's candidates (None:
     searched only when the user lists candidates)."""
 
+    name: str
     stage: str
     key: str
     paper: tuple | None = None
 
-    @property
-    def name(self) -> str:
-        """The selection field listing its candidates: base_<key> for the base section's keys, else the key."""
+    def __post_init__(self):
         section, key = self.key.split(".")
-        return f"base_{key}" if section == "base" else key
+        if self.name != (f"base_{key}" if section == "base" else key):
+            raise ValueError(f"selection.{self.name} must be named after the run key it searches, {self.key}")
 
 
-def _stage(stage: str, *keys: str) -> tuple[Search, ...]:
-    return tuple(Search(stage, key) for key in keys)
-
-
-# every run key `fscil select` can search, in the order it chooses them (paper appendix
-# supp:hyperparameter_protocol; the base and schedule stages are ours and come first when candidates are listed).
-# The schedule stage sets the memory before what is built from it: replay and copy act on the earlier classes' memory
-# rows, and base_copy's best value depends on how many rows a class keeps.
+# every run key `fscil select` can search (selection.<name>: its candidates), in the order it chooses them (paper
+# appendix supp:hyperparameter_protocol; the base and schedule stages are ours and come first when candidates are
+# listed). The schedule stage sets the memory before what is built from it: replay and copy act on the earlier
+# classes' memory rows, and base_copy's best value depends on how many rows a class keeps.
 SEARCH: tuple[Search, ...] = (
-    *_stage("base", *(f"base.{key}" for key in (
-        "epochs", "lr", "dr_scale", "weight_decay", "mixup_alpha", "cutmix_alpha", "mix_prob", "unmixed_epochs",
-        "unaugmented_epochs", "precise_bn", "backbone_ce"))),
-    *_stage("schedule", "incremental.lr", "incremental.base_lr_scale", "incremental.weight_decay",
-            "incremental.grad_clip_norm", "incremental.steps", "incremental.mixup_prob", "incremental.deviation_prob",
-            "extract.augmented_views", "extract.memory", "extract.memory_k", "incremental.replay", "incremental.copy",
-            "incremental.base_copy"),
-    Search("architecture", "incremental.freeze_base", (True, False)),
-    Search("architecture", "incremental.suppression", ("z", "silu_z", "mu_inc")),
-    Search("architecture", "model.k_paths", (1, 2, 4)),
-    Search("architecture", "model.ssm_branch"),
-    *_stage("architecture", "model.iden_linear", "model.out_norm"),
-    Search("architecture", "incremental.inc_init", ("random", "base")),
-    Search("architecture", "incremental.vertex_match"),
-    Search("loss_weights", "incremental.lambda1", (50.0, 100.0, 150.0, 200.0)),
-    Search("loss_weights", "incremental.lambda2", (0.001, 0.01, 0.1, 1.0)),
-    Search("loss_weights", "incremental.lambda3", (0.05, 0.1, 0.3, 0.5)),
+    Search("base_epochs", "base", "base.epochs"),
+    Search("base_lr", "base", "base.lr"),
+    Search("base_dr_scale", "base", "base.dr_scale"),
+    Search("base_weight_decay", "base", "base.weight_decay"),
+    Search("base_mixup_alpha", "base", "base.mixup_alpha"),
+    Search("base_cutmix_alpha", "base", "base.cutmix_alpha"),
+    Search("base_mix_prob", "base", "base.mix_prob"),
+    Search("base_unmixed_epochs", "base", "base.unmixed_epochs"),
+    Search("base_unaugmented_epochs", "base", "base.unaugmented_epochs"),
+    Search("base_precise_bn", "base", "base.precise_bn"),
+    Search("base_backbone_ce", "base", "base.backbone_ce"),
+    Search("lr", "schedule", "incremental.lr"),
+    Search("base_lr_scale", "schedule", "incremental.base_lr_scale"),
+    Search("weight_decay", "schedule", "incremental.weight_decay"),
+    Search("grad_clip_norm", "schedule", "incremental.grad_clip_norm"),
+    Search("steps", "schedule", "incremental.steps"),
+    Search("mixup_prob", "schedule", "incremental.mixup_prob"),
+    Search("deviation_prob", "schedule", "incremental.deviation_prob"),
+    Search("augmented_views", "schedule", "extract.augmented_views"),
+    Search("memory", "schedule", "extract.memory"),
+    Search("memory_k", "schedule", "extract.memory_k"),
+    Search("replay", "schedule", "incremental.replay"),
+    Search("copy", "schedule", "incremental.copy"),
+    Search("base_copy", "schedule", "incremental.base_copy"),
+    Search("freeze_base", "architecture", "incremental.freeze_base", (True, False)),
+    Search("suppression", "architecture", "incremental.suppression", ("z", "silu_z", "mu_inc")),
+    Search("k_paths", "architecture", "model.k_paths", (1, 2, 4)),
+    Search("ssm_branch", "architecture", "model.ssm_branch"),
+    Search("iden_linear", "architecture", "model.iden_linear"),
+    Search("out_norm", "architecture", "model.out_norm"),
+    Search("inc_init", "architecture", "incremental.inc_init", ("random", "base")),
+    Search("vertex_match", "architecture", "incremental.vertex_match"),
+    Search("lambda1", "loss_weights", "incremental.lambda1", (50.0, 100.0, 150.0, 200.0)),
+    Search("lambda2", "loss_weights", "incremental.lambda2", (0.001, 0.01, 0.1, 1.0)),
+    Search("lambda3", "loss_weights", "incremental.lambda3", (0.05, 0.1, 0.3, 0.5)),
 )
 SEARCHABLE = {s.name: s.key for s in SEARCH}  # selection field (its candidate list) -> run key
 assert len(SEARCHABLE) == len(SEARCH), "two searched keys share a selection field name"
