@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import pipeline.research.parallel as parallel
-import pipeline.research.selection as selection
 import pipeline.research.study as study
 import pipeline.training.base_session as base_session
+import pipeline.workdir as workdir
 from pipeline.config import build_config
 from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
@@ -114,7 +114,7 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     pd.testing.assert_frame_equal(again, sessions)
     assert said[0] == f"study: reusing 4 of 4 runs stored in {tmp_path / 'ablation.work'}"
     # runs stored by other code are refused, unless the user asks to reuse them
-    monkeypatch.setattr(selection, "code_digest", lambda: "f" * 64)
+    monkeypatch.setattr(workdir, "code_digest", lambda: "f" * 64)  # where run_once reads it
     with pytest.raises(FSCILError, match=r"ablation\.work: holds runs made by other code .*--reuse-stale"):
         study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out)
     stale = study.run_study(params, ["dual_ssm", "mamba_fscil"], [0, 1], out, reuse_stale=True)
