@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import Config, check_against_data
-from pipeline.config.sections import DataConfig
+from pipeline.config.data_section import DataConfig
 from pipeline.data.prepare import build_pack
 from stages.entry import load_config, main, options, show, timed
 from stages.paths import StagePaths

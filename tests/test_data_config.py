@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config.sections import DataConfig
+from pipeline.config.data_section import DataConfig
 from pipeline.errors import FSCILError
 from stages.prepare import run
 

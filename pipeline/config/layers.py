@@ -28,8 +28,8 @@ SECTIONS = tuple(SECTION_TYPES)
 TOOL_SECTIONS = ("selection",)
 # weakest first: (the origin `fscil config show --origin` prints, what the layer holds)
 LAYERS = (
-    ("default", "the field's default (pipeline/config/sections.py): the paper's value, or the authors' CIFAR-100 "
-                "value where the paper gives none"),
+    ("default", "the field's default (pipeline/config/sections.py, data_section.py): the paper's value, or the "
+                "authors' CIFAR-100 value where the paper gives none"),
     ("preset <name>", "pipeline/presets/<name>.yaml, over the preset it `extends`"),
     ("preset <name>: variant_params.<variant>", "what `fscil select` chose for the named variant on that preset"),
     ("variant <name>", "pipeline/variants/<name>.yaml: the keys that make the method what its name says"),

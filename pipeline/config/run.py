@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.config.data_section import DataConfig
 from pipeline.config.fields import check
 from pipeline.config.layers import SECTION_TYPES, SECTIONS, nest, read_yaml, resolve_params, variant_nonzero
-from pipeline.config.sections import BaseConfig, DataConfig, ExtractConfig, IncrementalConfig, ModelConfig, TopLevel
+from pipeline.config.sections import BaseConfig, ExtractConfig, IncrementalConfig, ModelConfig, TopLevel
 from pipeline.errors import FSCILError
 from pipeline.ops.scan_dispatch import SCAN_CHOICES
 from pipeline.precision import PRECISIONS

@@ -6,5 +6,5 @@
 - cec_splits.py: the CEC index lists; sampling.py: seeded protocols for datasets without official splits.
 - assemble.py: source + sessions -> relabelled pack content; synthetic.py: the embedded default benchmark.
 - presets.py, augment.py, mixing.py: per-dataset image settings, batched GPU-friendly transforms, Mixup/CutMix.
-- prepare.py (`build_pack`, from a `DataConfig` of pipeline/config/sections.py): what the prepare stage calls.
+- prepare.py (`build_pack`, from a `DataConfig` of pipeline/config/data_section.py): what the prepare stage calls.
 """

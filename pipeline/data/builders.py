@@ -15,7 +15,7 @@ from pipeline.data.source import SourceDataset
 from pipeline.data.synthetic import SyntheticSpec, synthetic_pack_content
 
 if TYPE_CHECKING:  # the data package does not import the config at run time
-    from pipeline.config.sections import DataConfig
+    from pipeline.config.data_section import DataConfig
 
 
 def config_provenance(cfg: DataConfig) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pipeline.data.protocol import FSCILProtocol
 from pipeline.data.registry import DATASETS
 
 if TYPE_CHECKING:  # the data package does not import the top-level config at run time
-    from pipeline.config.sections import DataConfig
+    from pipeline.config.data_section import DataConfig
 
 
 def build_pack(cfg: DataConfig, out: Path, check: Callable[[FSCILProtocol], None] | None = None) -> dict[str, Any]:
