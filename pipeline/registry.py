@@ -20,6 +20,12 @@ from typing import Any
 from pipeline.errors import FSCILError
 
 
+def load(target: str) -> Any:
+    """The object "module:attribute" names, its module imported."""
+    module, attribute = target.split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
 class Registry(Mapping[str, Any]):
     """name -> object, given as {name: ("module:attribute", description)}; `reg[name]` imports and returns it.
     lazy=False: the entries are the objects themselves (plain data that needs no import)."""
@@ -48,8 +54,7 @@ class Registry(Mapping[str, Any]):
         if not self.lazy:
             return self.entries[name][0]
         if name not in self._loaded:
-            module, attribute = self.entries[name][0].split(":")
-            self._loaded[name] = getattr(importlib.import_module(module), attribute)
+            self._loaded[name] = load(self.entries[name][0])
         return self._loaded[name]
 
     def module(self, name: str) -> str | None:

@@ -4,11 +4,10 @@ its module with a `build(cfg) -> PackContent` (the readers here are ~100-line ex
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 from pipeline.data.cec_splits import BENCHMARKS
-from pipeline.registry import Registry
+from pipeline.registry import Registry, load
 
 
 @dataclass(frozen=True)
@@ -20,18 +19,15 @@ class DatasetKind:
     protocol: tuple[int | None, int, int, int]
     """(base classes, ways, shots, sessions) when data leaves them null; base None: every class the sessions
     leave."""
-    splits: bool = False
-    """Its sessions come from the CEC split files in data.split_dir (`pipeline.data.cec_splits.BENCHMARKS`)."""
 
     def builder(self):
-        module, name = self.build.split(":")
-        return getattr(importlib.import_module(module), name)
+        return load(self.build)
 
 
 def _cec(build: str, name: str) -> DatasetKind:
     """A benchmark with CEC split files: its standard protocol is its `BENCHMARKS` shape."""
     b = BENCHMARKS[name]
-    return DatasetKind(build, name, (b.base_classes, b.ways, b.shots, b.sessions), splits=True)
+    return DatasetKind(build, name, (b.base_classes, b.ways, b.shots, b.sessions))
 
 
 DATASETS = Registry("dataset", {

@@ -39,10 +39,8 @@ class Projector(nn.Module):
     def __init__(self, kind: str, in_channels: int, feature_hw: tuple[int, int], dims: BranchDims,
                  iden_linear: bool = False, ssm_branch: str = "ss2d", inc_mlp_layers: int | None = None):
         super().__init__()
-        if kind not in PROJECTOR_KINDS:
-            raise ValueError(f"unknown projector kind {kind!r}; choose from {sorted(PROJECTOR_KINDS)}")
         self.kind = kind
-        spec = PROJECTOR_KINDS[kind]
+        spec = PROJECTOR_KINDS.get_checked(kind)
         # eq. mu_iden_0: Pool then a linear map C -> D'. When C == D' the authors use the identity; `iden_linear`
         # (ours) keeps a trained linear map there too, starting from the identity.
         if in_channels != dims.dim:

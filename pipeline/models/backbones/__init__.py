@@ -21,9 +21,7 @@ from pipeline.models.registry import BACKBONES
 
 def build_backbone(name: str, **kwargs: Any) -> Backbone:
     """Build the backbone registered as `name` with its constructor's keyword arguments."""
-    if name not in BACKBONES:
-        raise FSCILError(f"unknown backbone {name!r} (valid: {', '.join(BACKBONES)})")
-    constructor = BACKBONES[name]
+    constructor = BACKBONES.get_checked(name)
     params = inspect.signature(constructor).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         unknown = sorted(set(kwargs) - set(params))
