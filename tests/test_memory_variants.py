@@ -18,7 +18,8 @@ from pipeline.data.presets import get_preset
 from pipeline.errors import FSCILError
 from pipeline.seeding import seeded_generator
 from pipeline.store.feature_store import FeatureStore
-from pipeline.store.memory import ClassMemory, memory_rows
+from pipeline.store.memory import ClassMemory
+from pipeline.store.registry import MEMORY_RULES
 from pipeline.training.base_model import load_base_model
 from pipeline.training.checkpoint import load_checkpoint
 from pipeline.training.extract import extract_features
@@ -27,12 +28,12 @@ from pipeline.training.incremental_session import STATE_FILE, train_session
 
 def test_memory_rows_per_class_and_seeded():
     labels = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 2])
-    rows = memory_rows(labels, "random", 4, seeded_generator(0, 1))
+    rows = MEMORY_RULES["random"](labels, 4, seeded_generator(0, 1))
     assert labels[rows].tolist() == [0, 1, 2]
-    rows = memory_rows(labels, "sampled", 3, seeded_generator(0, 1))
+    rows = MEMORY_RULES["sampled"](labels, 3, seeded_generator(0, 1))
     assert labels[rows].tolist() == [0, 0, 0, 1, 1, 2, 2, 2] and len(set(rows.tolist())) == 8
-    again = memory_rows(labels, "sampled", 3, seeded_generator(0, 1))
-    other = memory_rows(labels, "sampled", 3, seeded_generator(1, 1))
+    again = MEMORY_RULES["sampled"](labels, 3, seeded_generator(0, 1))
+    other = MEMORY_RULES["sampled"](labels, 3, seeded_generator(1, 1))
     assert np.array_equal(rows, again) and not np.array_equal(rows, other)
     maps = np.arange(10, dtype=np.float32)[:, None, None, None] * np.ones((10, 2, 1, 1), dtype=np.float32)
     means, classes = ClassMemory.select(maps, labels)

@@ -22,6 +22,7 @@ from pipeline.models.projector import Projector
 from pipeline.models.registry import SSM_BRANCHES
 from pipeline.models.ss2d import BranchAux, BranchDims, SS2DBranch
 from pipeline.registry import Registry, all_registries
+from pipeline.store.memory import ClassMemory
 from tests.pipeline_fixtures import cli
 
 REGISTRIES = all_registries()
@@ -136,7 +137,9 @@ def base_schedule(name: str, fn) -> None:
 def memory_rule(name: str, fn) -> None:
     maps = np.random.default_rng(0).standard_normal((9, 2, 1, 1)).astype(np.float32)
     labels = np.array([3, 3, 3, 5, 5, 7, 7, 7, 7])
-    kept, classes = fn(maps, labels, 2, torch.Generator().manual_seed(0))
+    rows = fn(labels, 2, torch.Generator().manual_seed(0))  # None: the class means
+    assert rows is None or (set(labels[rows].tolist()) == {3, 5, 7} and len(set(rows.tolist())) == len(rows))
+    kept, classes = ClassMemory.select(maps, labels, name, 2, torch.Generator().manual_seed(0))
     assert kept.shape[1:] == maps.shape[1:] and len(kept) == len(classes)
     assert set(classes.tolist()) == {3, 5, 7}
 

@@ -1,6 +1,7 @@
 """ClassMemory: the stored backbone maps that stand for each learned class (paper eq. memory) and the rule that
 picks them (params extract.memory, the paper's memory ablation; `MEMORY_RULES`, pipeline/store/registry.py): each
-rule maps (maps, labels, k, generator) to the kept (maps, labels).
+rule maps (labels, k, generator) to the rows it keeps, or None for the class means (so the extract stage draws the
+rows before it computes a map).
 
 The extract stage applies the rule to the base classes and records it in the feature store; every incremental
 session applies the store's rule to its own classes' shots, with a generator seeded by (seed, session).
@@ -16,12 +17,11 @@ import torch
 from pipeline.store.registry import MEMORY_RULES
 
 
-def memory_rows(labels: np.ndarray, kind: str, k: int, gen: torch.Generator) -> np.ndarray:
-    """Rows of `labels` kept by the `random` / `sampled` rule, grouped by class (classes sorted), each class's rows
-    in a random order drawn from `gen`."""
-    if kind not in ("random", "sampled"):
-        raise ValueError(f"memory rows are drawn for random / sampled memories, not {kind!r}")
-    keep = 1 if kind == "random" else k
+def drawn_rows(labels: np.ndarray, keep: int, gen: torch.Generator | None) -> np.ndarray:
+    """Up to `keep` rows of each class of `labels` drawn from `gen`, grouped by class (classes sorted), each class's
+    rows in the drawn order."""
+    if gen is None:
+        raise ValueError("drawing memory rows needs a generator")
     rows = []
     for c in np.unique(labels):
         members = np.flatnonzero(labels == c)
@@ -37,26 +37,19 @@ def class_means(maps: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.nd
     return means, classes.astype(np.int64)
 
 
-def keep_mean(maps: np.ndarray, labels: np.ndarray, k: int, gen: torch.Generator | None):
-    """eq. memory: one class-mean map per class."""
-    return class_means(maps, labels)
+def mean_rule(labels: np.ndarray, k: int, gen: torch.Generator | None) -> None:
+    """eq. memory: no rows kept, each class's mean map instead."""
+    return None
 
 
-def _drawn(maps: np.ndarray, labels: np.ndarray, kind: str, k: int, gen: torch.Generator | None):
-    if gen is None:
-        raise ValueError(f"a {kind} memory needs a generator")
-    rows = memory_rows(labels, kind, k, gen)
-    return maps[rows].astype(np.float32), labels[rows].astype(np.int64)
+def random_rule(labels: np.ndarray, k: int, gen: torch.Generator | None) -> np.ndarray:
+    """One of each class's training maps, drawn at random."""
+    return drawn_rows(labels, 1, gen)
 
 
-def keep_random(maps: np.ndarray, labels: np.ndarray, k: int, gen: torch.Generator | None):
-    """One of the class's training maps, drawn at random."""
-    return _drawn(maps, labels, "random", k, gen)
-
-
-def keep_sampled(maps: np.ndarray, labels: np.ndarray, k: int, gen: torch.Generator | None):
-    """k of the class's training maps (all of them when it has fewer), drawn at random."""
-    return _drawn(maps, labels, "sampled", k, gen)
+def sampled_rule(labels: np.ndarray, k: int, gen: torch.Generator | None) -> np.ndarray:
+    """k of each class's training maps (all of them when it has fewer), drawn at random."""
+    return drawn_rows(labels, k, gen)
 
 
 @dataclass
@@ -68,13 +61,14 @@ class ClassMemory:
     def empty(cls, map_shape: tuple[int, int, int]) -> ClassMemory:
         return cls(np.zeros((0, *map_shape), dtype=np.float32), np.zeros(0, dtype=np.int64))
 
-    class_means = staticmethod(class_means)
-
     @classmethod
     def select(cls, maps: np.ndarray, labels: np.ndarray, kind: str = "mean", k: int = 1,
                gen: torch.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The maps the `kind` rule (`MEMORY_RULES`) keeps of (maps, labels): ((M, C, H, W), (M,))."""
-        return MEMORY_RULES[kind](maps, labels, k, gen)
+        rows = MEMORY_RULES[kind](labels, k, gen)
+        if rows is None:
+            return class_means(maps, labels)
+        return maps[rows].astype(np.float32), labels[rows].astype(np.int64)
 
     def added(self, maps: np.ndarray, labels: np.ndarray, kind: str = "mean", k: int = 1,
               gen: torch.Generator | None = None) -> ClassMemory:

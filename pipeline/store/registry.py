@@ -6,7 +6,7 @@ from __future__ import annotations
 from pipeline.registry import Registry
 
 MEMORY_RULES = Registry("memory rule", {
-    "mean": ("pipeline.store.memory:keep_mean", "eq. memory: each class's mean map"),
-    "random": ("pipeline.store.memory:keep_random", "one map of each class drawn at random (ours)"),
-    "sampled": ("pipeline.store.memory:keep_sampled", "memory_k maps of each class drawn at random (ours)"),
+    "mean": ("pipeline.store.memory:mean_rule", "eq. memory: each class's mean map"),
+    "random": ("pipeline.store.memory:random_rule", "one map of each class drawn at random (ours)"),
+    "sampled": ("pipeline.store.memory:sampled_rule", "memory_k maps of each class drawn at random (ours)"),
 })

@@ -22,7 +22,8 @@ from pipeline.data.presets import get_preset
 from pipeline.precision import autocast, image_layout, memory_format
 from pipeline.seeding import DEVIATION, EXTRACT_VIEW, MEMORY, seeded_generator
 from pipeline.store.feature_store import FeatureStoreWriter
-from pipeline.store.memory import memory_rows
+from pipeline.store.memory import drawn_rows
+from pipeline.store.registry import MEMORY_RULES
 from pipeline.training.base_model import load_base_model
 from pipeline.training.distributed import (
     ProcessGroup,
@@ -156,11 +157,11 @@ def extract_features(cfg, pack_path: Path, base_dir: Path, out_path: Path | None
         map_shape = (backbone.out_channels, *backbone.feature_hw(preset.input_size))
         views = cfg.extract.augmented_views
         kind, k = cfg.extract.memory_rule
-        # the base classes' memory rows (random / sampled rules), drawn before anything is written
-        memory_ids = None if kind == "mean" else base_ids[memory_rows(pack.labels[base_ids], kind, k,
-                                                                      seeded_generator(cfg.seed, MEMORY))]
-        deviation_ids = base_ids[memory_rows(pack.labels[base_ids], "sampled", cfg.extract.deviations,
-                                             seeded_generator(cfg.seed, DEVIATION))] if cfg.extract.deviations else []
+        # the base classes' memory rows (None: the class means), drawn before anything is written
+        memory_rows = MEMORY_RULES[kind](pack.labels[base_ids], k, seeded_generator(cfg.seed, MEMORY))
+        memory_ids = None if memory_rows is None else base_ids[memory_rows]
+        deviation_ids = base_ids[drawn_rows(pack.labels[base_ids], cfg.extract.deviations,
+                                            seeded_generator(cfg.seed, DEVIATION))] if cfg.extract.deviations else []
         writer = _NoWriter() if out_path is None else FeatureStoreWriter(
             out_path, map_shape, {"test": len(test_ids), "fewshot": len(fewshot_ids)}, num_base, views,
             cfg.extract.dtype, cfg.extract.chunk_samples,
