@@ -74,11 +74,11 @@ def summarise(table: pd.DataFrame) -> dict:
 
 
 def summarise_prototypes(table: pd.DataFrame) -> dict:
-    """`summarise` of each prototype baseline; {} unless every session has it (older session metrics lack it)."""
+    """`summarise` of each prototype baseline that every session has (older session metrics lack them)."""
     summaries = {}
     for space in PROTOTYPE_SPACES:
-        columns = prototype_columns(space)
-        if table[columns["acc"]].notna().all():
+        columns = {k: c for k, c in prototype_columns(space).items() if c in table}  # crossings: newer tables
+        if all(a in columns for a in ACCURACIES) and table[columns["acc"]].notna().all():
             renamed = table[["session", *columns.values()]].rename(columns={v: k for k, v in columns.items()})
             summaries[space] = summarise(renamed)
     return summaries

@@ -21,7 +21,7 @@ from tests.pipeline_fixtures import TINY_PARAMS
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-pytestmark = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in this environment")
+needs_dvc = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in this environment")
 
 
 def _run(cmd: list[str], cwd: Path) -> str:
@@ -33,6 +33,7 @@ def _run(cmd: list[str], cwd: Path) -> str:
     return result.stdout + result.stderr
 
 
+@needs_dvc
 def test_every_row_has_the_resolved_values_and_plots_diff_needs_no_cache(tmp_path):
     for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
         shutil.copy(REPO / name, tmp_path / name)
@@ -114,9 +115,25 @@ def test_compare_leaves_out_running_experiments_and_takes_metric_patterns():
             "try-mlp,abc1234,branch_base,2026,,Success,,52.0,81.0,62.0,mlp_baseline\n"
             "running-one,def5678,branch_commit,2026,,Running,workspace,50.0,80.0,60.0,mamba_fscil\n")
     table, unfinished = compare(text, [], ("sessions.*",))
-    assert list(table.columns) == ["main", "try-mlp"] and unfinished == ["running-one (running)"]
+    assert list(table.columns) == ["main", "try-mlp"] and unfinished == {"running-one": "running"}
     assert list(table.index) == ["variant", "sessions.s0", "sessions.s1"]
     with pytest.raises(FSCILError, match=r"^-m avgg: no such metric \(metrics.json has avg, sessions\.\*\)$"):
         compare(text, [], ("avgg",))
     with pytest.raises(FSCILError, match="no results for running-one"):
         compare(text, ["main", "running-one"])
+
+
+def test_show_summarises_a_sessions_csv_as_the_report_does():
+    """`fscil show`'s table and its AVG / PD / final line (the method's and the class means'), by hand."""
+    from pipeline.research.compare import run_table, show_text
+
+    text = ("session,num_seen_classes,acc,base_acc,novel_acc,proto_backbone_acc,proto_backbone_base_acc,"
+            "proto_backbone_novel_acc,method,seed\n0,6,80.0,80.0,,78.0,78.0,,m on d,1\n"
+            "1,8,60.0,65.0,45.0,58.0,60.0,52.0,m on d,1\n2,10,50.0,55.0,42.5,40.0,45.0,32.5,m on d,1\n")
+    name, shown, summary = run_table(text)
+    assert name == "m on d, seed 1" and list(shown.columns) == ["session", "classes", "seen", "base", "novel",
+                                                                "class means"]
+    assert summary == pytest.approx({"AVG": 63.3333, "PD": 30.0, "final": 50.0, "class means AVG": 58.6667,
+                                     "class means final": 40.0})
+    assert show_text(text, "here").splitlines()[-1] == (
+        "AVG 63.33  PD 30.00  final 50.00  class means AVG 58.67  class means final 40.00")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.errors import FSCILError
+from pipeline.report import prototype_columns, summarise, summarise_prototypes
 
 HEADLINE = ("avg", "pd", "final", "base", "prototype.backbone.avg")  # metrics.json keys shown by default
 _ROW_COLUMNS = ("Experiment", "rev", "typ", "Created", "parent", "State", "Executor")
@@ -43,12 +44,17 @@ def row_names(table: pd.DataFrame) -> pd.Series:
 UNFINISHED = ("Running", "Queued", "Failed")  # dvc exp show's State of rows without results of their own
 
 
-def finished_rows(table: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """The rows with results of their own, and the names of those left out (an experiment still running shows the
-    workspace's metrics under its name)."""
+def finished_rows(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
+    """The rows with results of their own, and {name: state} of those left out (an experiment still running shows
+    the workspace's metrics under its name)."""
     state = table["State"] if "State" in table.columns else pd.Series("", index=table.index)
     unfinished = state.isin(UNFINISHED)
-    return table[~unfinished], [f"{name} ({s.lower()})" for name, s in state[unfinished].items()]
+    return table[~unfinished], {name: s.lower() for name, s in state[unfinished].items()}
+
+
+def described(rows: dict[str, str]) -> str:
+    """'name (state), ...' of `finished_rows`' left-out rows."""
+    return ", ".join(f"{name} ({state})" for name, state in rows.items())
 
 
 def metric_columns(table: pd.DataFrame, patterns: tuple[str, ...]) -> list[str]:
@@ -67,7 +73,7 @@ def metric_columns(table: pd.DataFrame, patterns: tuple[str, ...]) -> list[str]:
 
 
 def compare(csv_text: str, rows: list[str] | None = None, metrics: tuple[str, ...] = HEADLINE
-            ) -> tuple[pd.DataFrame, list[str]]:
+            ) -> tuple[pd.DataFrame, dict[str, str]]:
     """A table with one column per chosen row (all finished rows when `rows` is empty) and, as its rows, the
     resolved params that differ between them, then `metrics` (keys or shell patterns); and the rows left out as
     unfinished. Deps (file hashes) and DVC's bookkeeping columns are left out; a name that matches no row, or an
@@ -80,15 +86,15 @@ def compare(csv_text: str, rows: list[str] | None = None, metrics: tuple[str, ..
     if rows:
         missing = [r for r in rows if r not in table.index]
         if missing:
-            pending = [u for u in unfinished if u.split(" (")[0] in missing]
-            raise FSCILError(f"no results for {', '.join(pending)} yet" if pending else
+            pending = {name: state for name, state in unfinished.items() if name in missing}
+            raise FSCILError(f"no results for {described(pending)} yet" if pending else
                              f"no row named {', '.join(missing)} in dvc exp show (rows: {', '.join(table.index)})")
         table = table.loc[rows]
-    metric_columns_ = metric_columns(table, metrics)
-    params = [c for c in table.columns if c not in _ROW_COLUMNS and c not in metric_columns_ and not _is_dep(c)
+    chosen = metric_columns(table, metrics)
+    params = [c for c in table.columns if c not in _ROW_COLUMNS and c not in chosen and not _is_dep(c)
               and not _is_metric(c)]
     differing = [c for c in params if table[c].nunique() > 1]
-    out = table[differing + metric_columns_].T
+    out = table[differing + chosen].T
     out.index = [c.split(":", 1)[1] if c.startswith("data/config/run.yaml:") else c for c in out.index]
     return out, unfinished
 
@@ -106,7 +112,7 @@ def _is_metric(column: str) -> bool:
 
 SESSIONS_CSV = "data/report/sessions.csv"
 SHOW_COLUMNS = (("session", "session"), ("num_seen_classes", "classes"), ("acc", "seen"), ("base_acc", "base"),
-                ("novel_acc", "novel"), ("proto_backbone_acc", "class means"))
+                ("novel_acc", "novel"), (prototype_columns("backbone")["acc"], "class means"))
 
 
 def _git(*args: str) -> subprocess.CompletedProcess:
@@ -137,24 +143,24 @@ def sessions_at(row: str) -> tuple[str, str]:
     return done.stdout, f"{row}:{SESSIONS_CSV}"
 
 
-def session_table(text: str) -> tuple[str, pd.DataFrame, dict[str, float]]:
+def run_table(text: str) -> tuple[str, pd.DataFrame, dict[str, float]]:
     """(the run's name, seen / base / novel accuracy and the class-means baseline per session, AVG / PD / final of
-    the method and of the class means) from sessions.csv's text."""
+    the method and of the class means, as the report stage computes them) from sessions.csv's text."""
     table = pd.read_csv(io.StringIO(text))
     missing = [c for c, _ in SHOW_COLUMNS if c not in table.columns]
     if missing or table.empty:
         raise FSCILError(f"sessions.csv lacks {', '.join(missing) or 'rows'}; rerun `fscil stage report`")
     first = table.iloc[0]
     name = f"{first['method']}, seed {first['seed']}" if {"method", "seed"} <= set(table.columns) else "run"
-    acc, means = table["acc"], table["proto_backbone_acc"]
-    summary = {"AVG": acc.mean(), "PD": acc.iloc[0] - acc.iloc[-1], "final": acc.iloc[-1],
-               "class means AVG": means.mean(), "class means final": means.iloc[-1]}
+    method, means = summarise(table), summarise_prototypes(table).get("backbone", {})
+    summary = {"AVG": method["avg"], "PD": method["pd"], "final": method["final"],
+               **({"class means AVG": means["avg"], "class means final": means["final"]} if means else {})}
     shown = table[[c for c, _ in SHOW_COLUMNS]].rename(columns=dict(SHOW_COLUMNS))
     return name, shown, summary
 
 
 def show_text(text: str, source: str) -> str:
-    name, shown, summary = session_table(text)
+    name, shown, summary = run_table(text)
     body = shown.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.2f}")
     line = "  ".join(f"{k} {v:.2f}" for k, v in summary.items())
     return f"{name}  ({source})\n{body}\n{line}"
