@@ -27,9 +27,10 @@ OWNER_FILE = ".fscil-output"  # in a folder a command wrote: the command's name
 def _refuse_protected(path: Path, command: str) -> None:
     """The working folder, a folder above it, the home folder and a repository's root are never an output."""
     resolved, here = path.resolve(), Path.cwd().resolve()
-    if resolved == here or resolved in here.parents or resolved == Path.home().resolve():
-        raise FSCILError(f"{path}: is {'the working folder' if resolved == here else 'a folder above the working one'}"
-                         f"; `{command}` never writes over it (name a new file or folder)")
+    what = ("the working folder" if resolved == here else "a folder above the working one" if resolved in here.parents
+            else "the home folder" if resolved == Path.home().resolve() else None)
+    if what:
+        raise FSCILError(f"{path}: is {what}; `{command}` never writes over it (name a new file or folder)")
     if resolved.is_dir() and ((resolved / ".git").exists() or (resolved / "dvc.yaml").is_file()):
         raise FSCILError(f"{path}: is a repository's root; `{command}` never writes over it (name a new file or "
                          "folder)")

@@ -174,7 +174,7 @@ def probe(cfg) -> Probe:
     from pipeline.training.base_model import config_digest
 
     base, ways, _, sessions = cfg.data.protocol_shape()
-    base = base or 60
+    base = base or 60  # class_folder data leaves it to the data; the digests need a model, not the data's count
     size = get_preset(cfg.data.dataset, cfg.data.image_size).input_size
     header = {"cpu": machine(), "threads": torch.get_num_threads(), "torch": torch.__version__,
               "kernels": "native" if os.environ.get(OPT_OUT) == "native" else "pinned",

@@ -13,7 +13,6 @@ from typing import Annotated
 
 import typer
 
-from pipeline.errors import FSCILError
 from stages.cli_common import (
     DataDirOpt,
     JobsOpt,
@@ -22,14 +21,12 @@ from stages.cli_common import (
     ReuseStaleOpt,
     SetOpt,
     _config,
-    _fail,
     _paths,
     _project_path,
     _run,
-    echo_line,
 )
 from stages.cli_tools import compare_runs, doctor, export, model_app, predict_images, show
-from stages.entry import DEBUG, fail, one_line_errors
+from stages.entry import DEBUG, fail, one_line_errors, say
 
 app = typer.Typer(help="Mamba-FSCIL: few-shot class-incremental learning with a dual selective SSM projector.",
                   no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -130,7 +127,7 @@ def selection(params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Pa
     cfg = _config(params, overrides)
     candidates = _selection(params, overrides)
     out = _project_path(out or data_dir / "selection")
-    result = _run("select", stage.run, cfg, candidates, _paths(data_dir), out, log=echo_line, reuse_stale=reuse_stale,
+    result = _run("select", stage.run, cfg, candidates, _paths(data_dir), out, log=say, reuse_stale=reuse_stale,
                   jobs=jobs)
     typer.echo(pd.DataFrame(result["rows"]).to_string(index=False))
     typer.echo("chosen: " + "  ".join(f"{k}={v}" for k, v in result["chosen"].items()))
@@ -163,7 +160,7 @@ def speed(params: ParamsOpt = Path("params.yaml"), overrides: SetOpt = None,
     shutil.rmtree(work, ignore_errors=True)  # a scratch folder of an earlier speed run (claimed above)
     mark_folder(work, "fscil speed (work)")
     try:
-        table = _run("speed", time_stages, cfg, work, echo_line, pack_cache)
+        table = _run("speed", time_stages, cfg, work, say, pack_cache)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -193,9 +190,9 @@ def study(variants: Annotated[str, typer.Option(help="Comma-separated variants (
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
-        _fail(f"--seeds must be comma-separated integers, got {seeds!r}", FSCILError.exit_code)
+        fail(f"--seeds must be comma-separated integers, got {seeds!r}")
     out = _project_path(out or data_dir / "studies" / "ablation")
-    sessions = _run("study", run_study, read_yaml(params), names, seed_list, out, log=echo_line,
+    sessions = _run("study", run_study, read_yaml(params), names, seed_list, out, log=say,
                     overrides=overrides or (), reuse_stale=reuse_stale, jobs=jobs)
     typer.echo(table_markdown(study_table(sessions, names)))
 
@@ -219,7 +216,7 @@ def config_show(keys: Annotated[list[str] | None, typer.Argument(
     if keys:
         unknown = [k for k in keys if not any(v == k or v.startswith(f"{k}.") for v in values)]
         if unknown:
-            _fail(f"no key {', '.join(unknown)} (`fscil config keys` lists them)", FSCILError.exit_code)
+            fail(f"no key {', '.join(unknown)} (`fscil config keys` lists them)")
         values = {v: x for v, x in values.items() if any(v == k or v.startswith(f"{k}.") for k in keys)}
     if not origin and not keys:
         typer.echo(yaml.safe_dump(shown, sort_keys=False))
@@ -292,7 +289,7 @@ def config_sessions(count: Annotated[int, typer.Option("--count", help="Incremen
     from pipeline.config import session_map
 
     if count < 1:
-        _fail("--count must be >= 1", FSCILError.exit_code)
+        fail("--count must be >= 1")
     typer.echo(yaml.safe_dump({"sessions": session_map(count)}, sort_keys=False, default_style=None).rstrip())
 
 
@@ -310,12 +307,8 @@ def _options(debug: Annotated[bool, typer.Option("--debug", help="Show the full 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry: bad input is one line and exit 2 (usage errors too); an unexpected error is one line naming the
-    file that holds its traceback, and exit 1 (`fscil --debug ...` prints it instead). CPU kernels are pinned first
-    (`pipeline.portable`), before anything imports torch."""
-    from pipeline.portable import pin_cpu_kernels
-
-    if "torch" not in sys.modules:  # a caller that already imported torch (tests, notebooks) keeps its kernels
-        pin_cpu_kernels()
+    file that holds its traceback, and exit 1 (`fscil --debug ...` prints it instead). The CPU kernels were pinned
+    when the `stages` package was imported, before anything imported torch."""
     with one_line_errors():
         try:
             code = app(args=argv, standalone_mode=False)

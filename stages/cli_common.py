@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import re
-import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from pipeline.errors import FSCILError
+from stages import entry
 
 ParamsOpt = Annotated[Path, typer.Option("--params", metavar="FILE", help="params.yaml to read.")]
 SetOpt = Annotated[list[str] | None, typer.Option(
@@ -34,28 +32,18 @@ def _project_path(path: Path) -> Path:
     return root / path
 
 
-def _fail(message: str, code: int) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _run(name: str, fn, *args, timed: bool = True, flags: tuple[str, ...] = (), **kwargs):
-    """Run a stage function with one-line errors and (for stages) a timing summary on stderr. flags: the
-    command-line options that set config keys (`--k-paths` for model.k_paths): an error about such a key names the
-    option, not params."""
-    started = time.time()
+def _run(name: str, fn, *args, timed: bool = True, flags: dict[str, str] | None = None, **kwargs):
+    """Run a library function inside a command: bad input is one line and exit 2, a stage (`timed`) reports its
+    wall time and exits 130 when interrupted (`stages.entry.timed`). flags: {config key: the command-line option that
+    sets it} ({"model.k_paths": "--k-paths"}): an error about such a key names the option, not params."""
     try:
-        result = fn(*args, **kwargs)
+        return entry.timed(name, fn, *args, **kwargs) if timed else fn(*args, **kwargs)
     except FSCILError as err:
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        for flag in flags:
-            message = re.sub(rf"^params: \w+\.{flag[2:].replace('-', '_')}\b", flag, message)
-        _fail(message, FSCILError.exit_code)
-    except KeyboardInterrupt:
-        _fail(f"{name} interrupted; nothing was written", 130)
-    if timed:
-        typer.echo(f"{name}: done in {time.time() - started:.1f} s", err=True)
-    return result
+        message = entry.first_line(err)
+        for key, flag in (flags or {}).items():
+            if message.startswith(prefix := f"params: {key} "):
+                message = f"{flag} {message.removeprefix(prefix)}"
+        entry.fail(message)
 
 
 def _config(params: Path, overrides: list[str] | None = None):
@@ -69,12 +57,3 @@ def _paths(data_dir: Path):
     from stages.paths import StagePaths
 
     return StagePaths(data_dir)
-
-
-def _show(summary: dict, keys: tuple[str, ...]) -> None:
-    typer.echo(json.dumps({k: summary[k] for k in keys if k in summary}))
-
-
-def echo_line(line: str) -> None:
-    """A progress line on stderr (shown under --quiet too, which turns off bars only)."""
-    typer.echo(line, err=True)

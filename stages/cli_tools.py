@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from pipeline.errors import FSCILError
 from pipeline.models.registry import BACKBONES, HEADS, PROJECTOR_KINDS, SSM_BRANCHES
-from stages.cli_common import DataDirOpt, ParamsOpt, SetOpt, _config, _fail, _paths, _run
+from stages.cli_common import DataDirOpt, ParamsOpt, SetOpt, _config, _paths, _run
+from stages.entry import fail
 
 model_app = typer.Typer(help="Inspect the model.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -22,11 +22,10 @@ def _trained(session: int | None, model: Path | None, params: Path, data_dir: Pa
 
     if model is not None:
         if session is not None:
-            _fail("give --session N (the model of this run's session N) or --model FILE (an exported model), not both",
-                  FSCILError.exit_code)
+            fail("give --session N (the model of this run's session N) or --model FILE (an exported model), not both")
         return _run("load", apply.load_exported, model, timed=False)
     if session is None:
-        _fail("give --session N (0: the base model) or --model FILE (from `fscil export`)", FSCILError.exit_code)
+        fail("give --session N (0: the base model) or --model FILE (from `fscil export`)")
     cfg = _config(params, overrides)
     paths = _paths(data_dir)
     return _run("load", apply.load_session_model, cfg, paths.base, paths.pack, paths.data_dir / "sessions", session,
@@ -69,13 +68,12 @@ def predict_images(images: Annotated[list[Path], typer.Argument(help="Image file
     from pipeline.training import apply
 
     if out is not None:
-        _run("predict", claim_file, out, "fscil predict", "a CSV file", apply.is_prediction_csv,
-             "predictions.csv",
+        _run("predict", claim_file, out, "fscil predict", "a CSV file", apply.is_prediction_csv, "predictions.csv",
              timed=False)
+    where = _run("predict", resolve_device, device, source="--device", timed=False)  # before loading anything
     trained = _trained(session, model, params, data_dir, overrides)
     files = _run("predict", apply.image_files, images, timed=False)
-    rows = _run("predict", apply.predict_files, trained, files,
-                _run("predict", resolve_device, device, source="--device", timed=False), timed=False)
+    rows = _run("predict", apply.predict_files, trained, files, where, timed=False)
     table = pd.DataFrame(rows, columns=["path", "class_id", "class", trained.head.score, "skipped"])
     table["class_id"] = table["class_id"].astype("Int64")
     for row in rows:
@@ -91,8 +89,10 @@ def predict_images(images: Annotated[list[Path], typer.Argument(help="Image file
                    err=True)
 
 
-SUMMARY_FLAGS = ("--backbone", "--widths", "--dim", "--d-state", "--dt-rank", "--k-paths", "--ssm-branch",
-                 "--classifier")
+def _flags(overrides: dict) -> dict[str, str]:
+    """{model key: the option that sets it} of a `model` command's overrides (`--k-paths` sets model.k_paths)."""
+    return {f"model.{key}": "--widths" if key == "backbone_widths" else f"--{key.replace('_', '-')}"
+            for key in overrides}
 
 
 @model_app.command("summary")
@@ -119,13 +119,16 @@ def model_summary(
     kinds = list(PROJECTOR_KINDS) if projector == "all" else (projector.split(",") if projector else [None])
     unknown = [k for k in kinds if k is not None and k not in PROJECTOR_KINDS]
     if unknown:
-        _fail(f"--projector must be one or more of {', '.join(PROJECTOR_KINDS)} (comma separated) or all, got "
-              f"{', '.join(unknown)}", FSCILError.exit_code)
+        fail(f"--projector must be one or more of {', '.join(PROJECTOR_KINDS)} (comma separated) or all, got "
+              f"{', '.join(unknown)}")
+    try:
+        widths_list = [int(w) for w in widths.split(",")] if widths else None
+    except ValueError:
+        fail(f"--widths must be comma-separated integers, got {widths!r}")
     overrides = {"backbone": backbone, "dim": dim, "d_state": d_state, "dt_rank": dt_rank,
-                 "k_paths": k_paths, "ssm_branch": ssm_branch, "classifier": classifier,
-                 "backbone_widths": [int(w) for w in widths.split(",")] if widths else None}
+                 "k_paths": k_paths, "ssm_branch": ssm_branch, "classifier": classifier, "backbone_widths": widths_list}
     summaries = [_run("model summary", summarise_model, preset, {**overrides, "projector": kind}, num_classes,
-                      input_size, timed=False, flags=SUMMARY_FLAGS) for kind in kinds]
+                      input_size, timed=False, flags=_flags(overrides)) for kind in kinds]
     if as_json:
         typer.echo(json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2))
         return
@@ -163,7 +166,7 @@ def model_benchmark(
     overrides = {"dim": dim, "d_state": d_state, "dt_rank": dt_rank, "projector": projector}
     _run("model benchmark", resolve_device, device, source="--device", timed=False)
     typer.echo(json.dumps(_run("model benchmark", benchmark_branch, preset, overrides, batch, channels, hw,
-                               repeats, device, timed=False, flags=("--dim", "--d-state", "--dt-rank", "--projector"))))
+                               repeats, device, timed=False, flags=_flags(overrides))))
 
 
 @model_app.command("cost")
@@ -201,7 +204,7 @@ def model_cost(
     from pipeline.research.benchmark import cost_curves, paper_profile, plot_cost_curves, preset_map
 
     if profile not in PROFILES:
-        _fail(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}", FSCILError.exit_code)
+        fail(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     out = _run("model cost", claim_folder, out, "fscil model cost", timed=False)
     deterministic, precision = PROFILES[profile]
     if device.startswith("cuda"):
@@ -221,9 +224,9 @@ def model_cost(
     try:
         side_list = [int(v) for v in sides.split(",")]
     except ValueError:
-        _fail(f"--sides must be comma-separated integers, got {sides!r}", FSCILError.exit_code)
+        fail(f"--sides must be comma-separated integers, got {sides!r}")
     if min(side_list) < 1 or sessions < 1 or batch < 1 or repeats < 1:
-        _fail("--sides, --sessions, --batch and --repeats must be >= 1", FSCILError.exit_code)
+        fail("--sides, --sessions, --batch and --repeats must be >= 1")
     if channels is None or side is None:
         summary = _run("model cost", preset_map, preset, timed=False)
         channels, side = channels or summary[0], side or summary[1]

@@ -2,8 +2,9 @@
 stage's code and nothing else (no other command, no help text): DVC's dependencies of a stage are its import closure
 (`python -m stages.dvc_deps`). `fscil stage <name>` calls the same `command`.
 
-Both pin the CPU kernels before torch loads, read params.yaml and `-S` overrides, and end with one line on error:
-exit 2 for bad input, 130 when interrupted, 1 for an unexpected error (its traceback in a file). Torch-free.
+Both run with the CPU kernels pinned (importing the `stages` package does it, before torch loads), read params.yaml
+and `-S` overrides, and end with one line on error: exit 2 for bad input, 130 when interrupted, 1 for an unexpected
+error (its traceback in a file). Torch-free.
 """
 
 from __future__ import annotations
@@ -28,13 +29,18 @@ def fail(message: str, code: int = FSCILError.exit_code) -> None:
     sys.exit(code)
 
 
+def first_line(err: BaseException, empty: str | None = None) -> str:
+    """An error's first line (its type's name, or `empty`, when it has no text)."""
+    return str(err).splitlines()[0] if str(err) else (type(err).__name__ if empty is None else empty)
+
+
 @contextlib.contextmanager
 def one_line_errors() -> Iterator[None]:
     """Bad input: one line, exit 2; an unexpected error: one line naming the file that holds its traceback, exit 1."""
     try:
         yield
     except FSCILError as err:
-        fail(str(err).splitlines()[0] if str(err) else type(err).__name__)
+        fail(first_line(err))
     except KeyboardInterrupt:
         fail("interrupted; nothing was written", 130)
     except Exception as err:  # noqa: BLE001 - the last line of defence: never a bare traceback
@@ -46,8 +52,8 @@ def one_line_errors() -> Iterator[None]:
         fd, trace = tempfile.mkstemp(prefix="fscil-trace-", suffix=".txt")
         with open(fd, "w") as f:
             traceback.print_exc(file=f)
-        first = str(err).splitlines()[0] if str(err) else ""
-        fail(f"unexpected {type(err).__name__}: {first} (full trace: {trace}; `fscil --debug ...` prints it)", 1)
+        fail(f"unexpected {type(err).__name__}: {first_line(err, '')} (full trace: {trace}; `fscil --debug ...` "
+             "prints it)", 1)
 
 
 def load_config(params: Path, overrides: list[str] | None = None):
@@ -66,12 +72,13 @@ def load_config(params: Path, overrides: list[str] | None = None):
 
 
 def timed(name: str, fn: Callable, *args: Any, **kwargs: Any) -> Any:
-    """Run a stage function; its wall time on stderr (not in any output: a rerun writes the same bytes)."""
+    """Run a stage function; its wall time on stderr (not in any output: a rerun writes the same bytes); interrupted:
+    one line naming it, exit 130."""
     started = time.time()
     try:
         result = fn(*args, **kwargs)
     except KeyboardInterrupt:
-        raise FSCILError(f"{name} interrupted; nothing was written") from None
+        fail(f"{name} interrupted; nothing was written", 130)
     say(f"{name}: done in {time.time() - started:.1f} s")
     return result
 
@@ -111,11 +118,8 @@ def options(stage: str, doc: str) -> argparse.ArgumentParser:
 
 
 def main(command: Callable[..., None], parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
-    """`python -m stages.<name>`: pin the kernels, parse, run `command(**options)` with one-line errors."""
-    from pipeline.portable import pin_cpu_kernels
-
-    if "torch" not in sys.modules:
-        pin_cpu_kernels()
+    """`python -m stages.<name>`: parse, run `command(**options)` with one-line errors (importing the `stages`
+    package pinned the kernels)."""
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     with one_line_errors():
         command(**vars(args))

@@ -120,7 +120,10 @@ def test_threads_param_pins_torch_threads(tmp_path, threads):
     (["config", "show", "incremental.nosuch"], "no key incremental.nosuch"),
     (["model", "summary", "--projector", "nosuch"], "--projector must be one or more of dual_ssm"),
     (["model", "summary", "--k-paths", "3"], "--k-paths must be"),
-    (["predict", "x.png", "--device", "cuda:7", "--model", "m.safetensors"], "m.safetensors"),
+    (["predict", "x.png", "--model", "m.safetensors"], "m.safetensors"),
+    (["predict", "x.png", "--device", "cuda:7", "--model", "m.safetensors"], "--device cuda:7 asked for"),
+    (["model", "summary", "--widths", "a,b"], "--widths must be comma-separated integers, got 'a,b'"),
+    (["model", "summary", "--dim", "0"], "--dim must be >= 1"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(argv, needle, capsys):
     """What the `fscil` command prints (stages.cli.main, not typer's boxes): one line on stderr naming the flag."""
@@ -147,3 +150,17 @@ def test_outside_the_repository_the_error_says_where_to_run(tmp_path, monkeypatc
 def test_help_shows_flags_without_type_boxes():
     result = cli("stage", "base", "--help")
     assert "<bool>" not in result.output and "╭" not in result.output and "-q, --quiet" in result.output
+
+
+def test_an_interrupted_stage_says_so_and_exits_130(capsys):
+    """Ctrl-C in a stage (`fscil stage ...` and `python -m stages.<name>` alike): one line naming it, exit 130."""
+    from stages.cli_common import _run
+    from stages.entry import one_line_errors, timed
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    for run in (lambda: timed("base", interrupted), lambda: _run("base", interrupted)):
+        with pytest.raises(SystemExit) as done, one_line_errors():
+            run()
+        assert done.value.code == 130 and capsys.readouterr().err == "error: base interrupted; nothing was written\n"

@@ -5,6 +5,7 @@ repository's root and a file of another kind: one line, exit 2, and every file o
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 
@@ -60,7 +61,9 @@ def test_export_and_predict_refuse_a_folder_and_a_file_of_another_kind(tiny_run,
     for _ in range(2):
         assert cli("export", str(model), "--session", "1", *source).exit_code == 0
         assert cli("predict", str(image), "--model", str(model), "--out", str(csv), "--device", "cpu").exit_code == 0
-    assert oct(model.stat().st_mode & 0o777) != oct(0o600)  # the user's umask, not a private file
+    umask = os.umask(0)
+    os.umask(umask)
+    assert oct(model.stat().st_mode & 0o777) == oct(0o666 & ~umask)  # the user's umask, not a private file
 
 
 def test_export_to_the_working_folder_of_a_repository_deletes_nothing(tiny_run, tmp_path, monkeypatch):
@@ -122,3 +125,15 @@ def test_claims_directly(users, tmp_path):
     with pytest.raises(FSCILError, match="is a file"):
         claim_folder(users / "keep.txt", "fscil study")
     assert claim_file(users / "keep.txt", "x", "a text", lambda p: p.read_text() == "my notes") == users / "keep.txt"
+
+
+def test_the_home_folder_is_never_an_output_and_the_error_says_which_folder(tmp_path, monkeypatch):
+    home, work = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    with pytest.raises(FSCILError, match=r"home: is the home folder; `fscil study` never writes over it"):
+        claim_folder(home, "fscil study")
+    with pytest.raises(FSCILError, match=r"is a folder above the working one"):
+        claim_folder(tmp_path, "fscil study")
