@@ -74,7 +74,7 @@ def predict_images(images: Annotated[list[Path], typer.Argument(help="Image file
     trained = _trained(session, model, params, data_dir, overrides)
     files = _run("predict", apply.image_files, images, timed=False)
     rows = _run("predict", apply.predict_files, trained, files, where, timed=False)
-    table = pd.DataFrame(rows, columns=["path", "class_id", "class", trained.head.score, "skipped"])
+    table = pd.DataFrame(rows, columns=apply.prediction_columns(trained))
     table["class_id"] = table["class_id"].astype("Int64")
     for row in rows:
         if row["skipped"]:

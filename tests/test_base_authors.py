@@ -163,7 +163,7 @@ def test_the_authors_mixed_loss_counts_the_first_targets_loss_twice_on_a_mixed_b
     w_a, w_b = class_balance_weights(y_a, 5).double(), class_balance_weights(y_b, 5).double()
     wa = sum(w_a[i] * dr(i, y_a) for i in range(6)) / 6
     wb = sum(w_b[i] * dr(i, y_b) for i in range(6)) / 6
-    got = base_loss(HEADS["etf"], authors, cos, None, y_a, y_b, lam, (w_a, w_b), mixed=one)
+    got = base_loss(HEADS["etf"], authors, cos, None, y_a, y_b, lam, one, (w_a, w_b))
     assert torch.allclose(got, 0.3 * wa + 0.7 * wb + wa, rtol=1e-12, atol=0)
 
 

@@ -123,7 +123,8 @@ def test_projector_modes_and_zero_mu_inc_at_session_start(kind):
     torch.testing.assert_close(base.mu_iden, proj.p_iden(f.mean((2, 3))))
     inc = proj.session_outputs(f)
     if kind == "single_ssm":
-        assert proj.g_inc is None and inc.mu_inc is None and inc.aux.z is not None
+        assert proj.g_inc is None and inc.mu_inc is None
+        assert inc.aux.z.shape == (f.shape[0], HW[0] * HW[1], DIMS.d_inner)  # g_base's Z: the adapting branch
     else:
         assert torch.equal(inc.mu_inc, torch.zeros_like(inc.mu_inc))  # session 1 starts exactly at the base model
         torch.testing.assert_close(inc.mu, base.mu)

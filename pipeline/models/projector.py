@@ -104,9 +104,13 @@ class Projector(nn.Module):
         parts = [self._fixed_parts(x) for x in f.split(batch_size)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
+    def _iden(self, f: torch.Tensor) -> torch.Tensor:
+        """mu_iden, eq. mu_iden_0: Pool, then p_iden."""
+        return self.p_iden(f.mean(dim=(2, 3)))
+
     def _fixed_parts(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mu_iden, mu_base): eq. mu_iden_0 and g_base's output."""
-        return self.p_iden(f.mean(dim=(2, 3))), self.g_base(f)
+        return self._iden(f), self.g_base(f)
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -133,13 +137,13 @@ class Projector(nn.Module):
         g_base then runs on the maps, not from `frozen`)."""
         aux_base = None
         if self.g_inc is None:  # single_ssm: g_base is the adapting branch
-            mu_iden = self.p_iden(f.mean(dim=(2, 3)))
+            mu_iden = self._iden(f)
             mu_base, aux = self.g_base(f, return_aux=True)
             return ProjectorOutput(mu=mu_iden + mu_base, mu_iden=mu_iden, mu_base=mu_base, mu_inc=None, aux=aux)
         if base_aux:
             if frozen is not None:
                 raise ValueError("base_aux needs g_base run on the maps, not its frozen outputs")
-            mu_iden = self.p_iden(f.mean(dim=(2, 3)))
+            mu_iden = self._iden(f)
             mu_base, aux_base = self.g_base(f, return_aux=True)
         else:
             mu_iden, mu_base = frozen if frozen is not None else self._fixed_parts(f)

@@ -56,6 +56,7 @@ def set_scan(choice: str) -> None:
     _scan_choice = choice
 
 
+@functools.cache  # imported once, not at every scan
 def _triton_scan():
     import importlib
 

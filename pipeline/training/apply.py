@@ -22,7 +22,7 @@ from pipeline.errors import FSCILError
 from pipeline.models.classifier import Head
 from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.models.registry import HEADS
-from pipeline.training.base_model import config_digest, config_values, load_base_model
+from pipeline.training.base_model import config_digest, config_stamp, load_base_model
 from pipeline.training.checkpoint import load_checkpoint, prefixed, read_metadata, save_checkpoint, unprefixed
 from pipeline.training.incremental_session import SECTIONS, STATE_FILE, load_session_state, session_rerun
 
@@ -67,8 +67,7 @@ def load_session_model(cfg, base_dir: Path, pack_path: Path, sessions_dir: Path,
         if not path.is_file():
             raise FSCILError(f"{path}: session {session} has not run; run `fscil stage incremental --session "
                              f"{session}` (or dvc repro)")
-        state, meta = load_checkpoint(path, {"kind": "session", "session": session,
-                                            "config": config_digest(cfg, SECTIONS)}, config_values(cfg, SECTIONS),
+        state, meta = load_checkpoint(path, {"kind": "session", "session": session, **config_stamp(cfg, SECTIONS)},
                                       session_rerun(session))
         load_session_state(model.projector, model.classifier, state, cfg, session)
         num_seen = int(meta["num_seen"])
@@ -96,11 +95,19 @@ def is_export(path: Path) -> bool:
         return False
 
 
+PREDICTION_COLUMNS = ("path", "class_id", "class")  # then the head's score column and "skipped"
+
+
+def prediction_columns(trained: TrainedModel) -> list[str]:
+    """The columns of `fscil predict`'s table."""
+    return [*PREDICTION_COLUMNS, trained.head.score, "skipped"]
+
+
 def is_prediction_csv(path: Path) -> bool:
     """A CSV `fscil predict` wrote (its header)."""
     try:
         with open(path, errors="replace") as fh:
-            return fh.readline().startswith("path,class_id,class,")
+            return fh.readline().startswith(",".join(PREDICTION_COLUMNS) + ",")
     except OSError:
         return False
 
@@ -136,8 +143,10 @@ def image_files(inputs: list[Path]) -> list[Path]:
             raise FSCILError(f"{item}: no such file or folder")
     if not files:
         raise FSCILError(f"no image files in {', '.join(map(str, inputs))}")
-    seen: set[Path] = set()  # a file given directly and inside a folder is predicted once
-    return [f for f in files if not (f.resolve() in seen or seen.add(f.resolve()))]
+    unique: dict[Path, Path] = {}  # a file given directly and inside a folder is predicted once
+    for f in files:
+        unique.setdefault(f.resolve(), f)
+    return list(unique.values())
 
 
 @torch.no_grad()

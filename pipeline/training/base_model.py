@@ -48,10 +48,10 @@ def load_base_model(cfg, base_dir: Path, pack_hash: str | None = None) -> tuple[
     Returns (model on CPU, checkpoint metadata, sha256 of the checkpoint file).
     """
     path = Path(base_dir) / MODEL_FILE
-    expect = {"kind": "base-model", "config": config_digest(cfg)}
+    expect = {"kind": "base-model", **config_stamp(cfg)}
     if pack_hash is not None:
         expect["data"] = pack_hash
-    tensors, meta = load_checkpoint(path, expect, config_values(cfg), BASE_RERUN)
+    tensors, meta = load_checkpoint(path, expect, BASE_RERUN)
     model = build_model(cfg.model, meta["num_classes"], meta["input_size"], seed=cfg.seed)
     model.load_state_dict(tensors)
     return model, meta, file_digest(path)

@@ -44,27 +44,28 @@ def _load_optimizer(opt: torch.optim.SGD, params: dict[str, nn.Parameter], tenso
 
 
 def resume_point(ckpt: Path, meta: dict, model: FSCILModel, aux_head: nn.Linear | None,
-            opt: torch.optim.SGD) -> tuple[int, list, list]:
-    """(first epoch, loss history, curve rows) from the resumable checkpoint when it belongs to this config and pack,
-    else (0, [], []); loads the model, the auxiliary head and the optimizer state in place."""
+            opt: torch.optim.SGD) -> tuple[int, list]:
+    """(first epoch, curve rows: each epoch's loss, lr and training accuracy) from the resumable checkpoint when it
+    belongs to this config and pack, else (0, []); loads the model, the auxiliary head and the optimizer state in
+    place."""
     if not ckpt.is_file():
-        return 0, [], []
+        return 0, []
     stored = read_metadata(ckpt)
     if stored.get("config") != meta["config"] or stored.get("data") != meta["data"] or "curve" not in stored:
-        return 0, [], []
+        return 0, []
     tensors, stored = load_checkpoint(ckpt)
     model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
     if aux_head is not None:
         aux_head.load_state_dict({k[len(AUX_PREFIX):]: v for k, v in tensors.items() if k.startswith(AUX_PREFIX)})
     _load_optimizer(opt, trained_parameters(model, aux_head), tensors)
-    return int(stored["epoch"]), list(stored["history"]), list(stored["curve"])
+    return int(stored["epoch"]), list(stored["curve"])
 
 
-def save_resume_point(run, ckpt: Path, meta: dict, done: int, history: list[float], curve: list[dict]) -> None:
+def save_resume_point(run, ckpt: Path, meta: dict, done: int, curve: list[dict]) -> None:
     """The resumable checkpoint after epoch `done` of `run` (a base_session.BaseRun): model, auxiliary head and
     optimizer state."""
     tensors = {f"model.{k}": v for k, v in run.model.state_dict().items()}
     if run.aux_head is not None:
         tensors.update({AUX_PREFIX + k: v for k, v in run.aux_head.state_dict().items()})
     tensors.update(_optimizer_tensors(run.opt, trained_parameters(run.model, run.aux_head)))
-    save_checkpoint(ckpt, tensors, {**meta, "epoch": done, "history": history, "curve": curve})
+    save_checkpoint(ckpt, tensors, {**meta, "epoch": done, "curve": curve})

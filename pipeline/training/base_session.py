@@ -160,14 +160,11 @@ def derive_base_model(cfg, twin_dir: Path, pack_path: Path, out_dir: Path) -> di
 
 
 def base_loss(head, base_cfg, logits: torch.Tensor, aux_logits: torch.Tensor | None, y_a: torch.Tensor,
-              y_b: torch.Tensor, lam: torch.Tensor, weights: tuple | None = None,
-              mixed: torch.Tensor | None = None) -> torch.Tensor:
+              y_b: torch.Tensor, lam: torch.Tensor, mixed: torch.Tensor, weights: tuple | None = None) -> torch.Tensor:
     """One batch's loss of eq. optim_base: the head's loss on the mixed targets in the form base.mix_loss names (DR
     x base.dr_scale for the ETF head, weighted by base.dr_weighting: `weights`, computed on the global batch), plus
     base.backbone_ce x cross-entropy of the auxiliary head on the same targets (ours; aux_logits None: off). mixed:
-    a 0-dim tensor, 1 when the batch was mixed (None: read from lam < 1)."""
-    if mixed is None:
-        mixed = (lam < 1).any()
+    a 0-dim tensor, 1 when the batch was mixed (the batch says so: `_base_batch`)."""
     loss = BASE_MIX_LOSSES[base_cfg.mix_loss](head.loss, logits, y_a, y_b, lam, mixed,
                                                scale=head.loss_scale(base_cfg.dr_scale), weights=weights)
     if aux_logits is not None:
@@ -281,14 +278,14 @@ def base_step(cfg, run: BaseRun, head, batch: tuple) -> torch.Tensor:
     with autocast(x.device, cfg.precision):  # params precision: bf16 in the fast profile
         logits = run.net(image_layout(x[local], cfg.precision))
     loss = base_loss(head, cfg.base, *(t.float() if t is not None else None for t in logits), y_a[local], y_b[local],
-                     lam[local], None if weights is None else (weights[0][local], weights[1][local]), mixed)
-    global_loss = all_reduce_sum(loss.detach(), run.group) / run.group.world_size
+                     lam[local], mixed, None if weights is None else (weights[0][local], weights[1][local]))
     dominant = torch.where(lam[local] >= 0.5, y_a[local], y_b[local])  # the larger share of a mixed image
-    correct = all_reduce_sum((logits[0].detach().argmax(dim=1) == dominant).sum().float(), run.group)
+    correct = (logits[0].detach().argmax(dim=1) == dominant).sum().float()
+    loss_sum, correct = all_reduce_sum(torch.stack([loss.detach(), correct]), run.group)  # one collective a step
     run.opt.zero_grad(set_to_none=True)
     loss.backward()
     run.opt.step()
-    return torch.stack([global_loss, correct])
+    return torch.stack([loss_sum / run.group.world_size, correct])
 
 
 def read_losses(pending: list[torch.Tensor], epoch: int, done: int) -> list[list[float]]:
@@ -348,9 +345,9 @@ def train_epoch(cfg, run: BaseRun, p: int, device, show_progress: bool) -> tuple
 
 def finish_base(cfg, run: BaseRun, pack: ImagePack, device, history: list[float], out_dir: Path | None,
                 started: float, rates: list[float] | None = None) -> dict:
-    """After the last epoch: the not-learning check, precise BatchNorm when asked, and on the main process the
-    base-class test accuracy and the written model (model.safetensors + metrics.json). rates: the training images
-    per second of the epochs run in this process (their median is reported)."""
+    """After the last epoch (history: each epoch's mean loss): the not-learning check, precise BatchNorm when asked,
+    and on the main process the base-class test accuracy and the written model (model.safetensors + metrics.json).
+    rates: the training images per second of the epochs run in this process (their median is reported)."""
     if not_learning(history):
         raise TrainingDiverged(f"base training: the mean loss of the last epoch ({history[-1]:.4g}) is not below "
                                f"the first epoch's ({history[0]:.4g}); nothing written (lower base.lr)")
@@ -392,31 +389,29 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
         run = base_run(cfg, pack, device, group)
         meta = {"kind": "base-resume", "config": config_digest(cfg), "data": pack.content_hash}
         ckpt = Path(checkpoint_dir) / RESUME_FILE
-        start_epoch, history, rows = resume_point(ckpt, meta, run.model, run.aux_head, run.opt)
+        start_epoch, rows = resume_point(ckpt, meta, run.model, run.aux_head, run.opt)
         progress = ProgressLog("base", cfg.base.epochs, "epoch", start=start_epoch, enabled=group.is_main)
         rates: list[float] = []  # training images per second of each pass run here
         repeat = cfg.base.repeat
         for p in range(start_epoch // repeat, run.plan.passes):
             epoch_started = time.perf_counter()
             loss, accuracy = train_epoch(cfg, run, p, device, show_progress)
-            history.append(loss)
             done = (p + 1) * repeat
-            group0 = run.opt.param_groups[0]  # base.lr under the schedule (a group's own scale left out)
-            rows.append({"epoch": done, "loss": loss, "lr": cfg.base.lr * group0["lr"] / group0["initial_lr"],
-                         "train_acc": accuracy})
+            lr = run.opt.param_groups[0]["lr"]  # group 0: base.lr's parameters (unscaled), under the schedule
+            rows.append({"epoch": done, "loss": loss, "lr": lr, "train_acc": accuracy})
             if group.is_main:
                 write_curve(curve, BASE_COLUMNS, rows)
             images = min(run.plan.steps * cfg.base.batch_size, run.plan.rows)
             rate = images / max(time.perf_counter() - epoch_started, 1e-9)
             rates.append(rate)
-            progress.update(done, loss=f"{history[-1]:.4f}", lr=f"{run.opt.param_groups[0]['lr']:.4g}",
+            progress.update(done, loss=f"{loss:.4f}", lr=f"{lr:.4g}",
                             **{"img/s": f"{rate:.0f}"})
             if group.is_main and (done % cfg.base.checkpoint_every == 0 or done == cfg.base.epochs):
-                save_resume_point(run, ckpt, meta, done, history, rows)
+                save_resume_point(run, ckpt, meta, done, rows)
             barrier(group)
             if stop_after_epoch is not None and done >= stop_after_epoch:
                 return {}
-        result = finish_base(cfg, run, pack, device, history, out_dir, started, rates)
+        result = finish_base(cfg, run, pack, device, [row["loss"] for row in rows], out_dir, started, rates)
         barrier(group)
     cleanup(group)
     return result

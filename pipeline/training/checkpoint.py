@@ -53,18 +53,18 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return json.loads(raw)
 
 
-def load_checkpoint(path: str | Path, expect: dict[str, Any] | None = None, values: dict[str, Any] | None = None,
+def load_checkpoint(path: str | Path, expect: dict[str, Any] | None = None,
                     rerun: str = "rerun the stage that writes it") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Read tensors and metadata; every key of `expect` must equal the stored metadata value. values: the config
-    values behind expect["config"] (`config_values`), so that a config mismatch names the keys that differ; rerun:
+    """Read tensors and metadata; every key of `expect` must equal the stored metadata value, but "config_values"
+    (a `config_stamp`'s): not compared itself, it names the keys that differ when "config" does not match; rerun:
     what to run then."""
     metadata = read_metadata(path)
     for key, value in (expect or {}).items():
-        if metadata.get(key) == value:
+        if key == "config_values" or metadata.get(key) == value:
             continue
-        if key == "config" and values is not None and isinstance(metadata.get("config_values"), dict):
-            raise FSCILError(f"{path}: made with other params ({_differences(metadata['config_values'], values)}); "
-                             f"{rerun}")
+        if key == "config" and "config_values" in expect and isinstance(metadata.get("config_values"), dict):
+            raise FSCILError(f"{path}: made with other params "
+                             f"({_differences(metadata['config_values'], expect['config_values'])}); {rerun}")
         raise FSCILError(f"{path}: checkpoint {key} does not match (stored {_short(metadata.get(key))}, "
                          f"expected {_short(value)}); {rerun}")
     try:

@@ -29,7 +29,7 @@ from pipeline.models.registry import HEADS
 from pipeline.seeding import DEVIATION, MEMORY, SESSION, seeded_generator
 from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMemory
-from pipeline.training.base_model import BASE_RERUN, MODEL_FILE, config_digest, config_values
+from pipeline.training.base_model import BASE_RERUN, MODEL_FILE, config_stamp
 from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed, write_metrics
 from pipeline.training.curves import SESSION_COLUMNS, write_curve
 from pipeline.training.diagnostics import session_diagnostics
@@ -171,8 +171,8 @@ def session_rerun(session: int) -> str:
             "`dvc repro`)")
 
 
-def start_session(cfg, session: int, store: FeatureStore, tensors: dict, num_classes: int, prev_dir: Path | None,
-                  digest: str) -> tuple:
+def start_session(cfg, session: int, store: FeatureStore, tensors: dict, num_classes: int, prev_dir: Path | None
+                  ) -> tuple:
     """Projector, classifier and memory as session `session` starts: the base model, then the previous session's
     state (its g_inc, classifier and memory; it must come from this config, base checkpoint and memory rule), g_inc
     started from g_base under inc_init=base, p_iden / g_base frozen under freeze_base."""
@@ -183,8 +183,8 @@ def start_session(cfg, session: int, store: FeatureStore, tensors: dict, num_cla
     memory = ClassMemory.empty(store.map_shape)
     if session > 1:
         state, _ = load_checkpoint(Path(prev_dir) / STATE_FILE, {
-            "kind": "session", "session": session - 1, "config": digest, "store": store.attrs["checkpoint_sha256"],
-            "memory": memory_tag(store)}, config_values(cfg, SECTIONS), session_rerun(session - 1))
+            "kind": "session", "session": session - 1, **config_stamp(cfg, SECTIONS),
+            "store": store.attrs["checkpoint_sha256"], "memory": memory_tag(store)}, session_rerun(session - 1))
         load_session_state(projector, classifier, state, cfg, session - 1)
         projector.set_sessions(session)  # the expanding baseline: a new zero-gated branch, the earlier ones frozen
         memory = ClassMemory.from_tensors(state)
@@ -255,9 +255,10 @@ def fit_session(cfg, session: int, projector, classifier, data: SessionData, sto
                                   cfg.precision))
         if len(pending) == CHECK_EVERY or step + 1 == steps:  # the only read-back: every CHECK_EVERY steps
             read_back(pending, history, session, step + 1)
-            write_curve(curve, SESSION_COLUMNS, [{"step": i + 1, "lr": inc.lr * factor,
-                                                  **{k: v[i] for k, v in history.items()}}
-                                                 for i, factor in enumerate(lrs)])
+            if curve is not None:
+                write_curve(curve, SESSION_COLUMNS, [{"step": i + 1, "lr": inc.lr * factor,
+                                                      **{k: v[i] for k, v in history.items()}}
+                                                     for i, factor in enumerate(lrs)])
             bar.set_postfix(loss=f"{history['loss'][-1]:.4f}")
             progress.update(step + 1, loss=f"{history['loss'][-1]:.4f}")
     fit["after"] = fit_loss(projector, classifier, data.x, data.y, data.num_seen, cfg.model.classifier, inc, frozen)
@@ -298,7 +299,7 @@ def evaluate_session(cfg, session: int, projector, classifier, store: FeatureSto
 
 
 def write_session_state(cfg, session: int, projector, classifier, memory: ClassMemory, data: SessionData,
-                        store: FeatureStore, digest: str, frozen_sha: str, out_dir: Path) -> None:
+                        store: FeatureStore, frozen_sha: str, out_dir: Path) -> None:
     """out_dir/state.safetensors: g_inc (and p_iden / g_base when they train), the classifier, and the memory with
     this session's classes added (eq. memory, or the rule the store was extracted with)."""
     kind, k = store.memory_rule
@@ -309,8 +310,7 @@ def write_session_state(cfg, session: int, projector, classifier, memory: ClassM
     state.update(prefixed(classifier.state_dict(), "classifier"))
     state.update(memory.to_tensors())
     save_checkpoint(out_dir / STATE_FILE, state, {
-        "kind": "session", "session": session, "config": digest, "config_values": config_values(cfg, SECTIONS),
-        "store": store.attrs["checkpoint_sha256"],
+        "kind": "session", "session": session, **config_stamp(cfg, SECTIONS), "store": store.attrs["checkpoint_sha256"],
         "memory": memory_tag(store), "frozen_sha256": frozen_sha, "num_seen": data.num_seen,
     })
 
@@ -322,14 +322,12 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     started = time.time()
     device = run_device(cfg)
     base_ckpt = Path(base_dir) / MODEL_FILE
-    tensors, base_meta = load_checkpoint(base_ckpt, {"kind": "base-model", "config": config_digest(cfg)},
-                                         config_values(cfg), BASE_RERUN)
+    tensors, base_meta = load_checkpoint(base_ckpt, {"kind": "base-model", **config_stamp(cfg)}, BASE_RERUN)
     store = FeatureStore.open(store_path, pack_hash=base_meta["data"], checkpoint_sha256=file_digest(base_ckpt))
     _check_session(session, int(store.attrs["num_sessions"]), prev_dir)
     store.verify()  # every chunk readable and as written, before any training
-    digest = config_digest(cfg, SECTIONS)
     projector, classifier, memory = start_session(cfg, session, store, tensors, int(base_meta["num_classes"]),
-                                                  prev_dir, digest)
+                                                  prev_dir)
     frozen_before = frozen_digest(projector)
     projector.to(device)
     classifier.to(device)
@@ -342,7 +340,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     evaluation = evaluate_session(cfg, session, projector, classifier, store, tensors, data.num_seen, device, out_dir)
-    write_session_state(cfg, session, projector, classifier, memory, data, store, digest, frozen_before, out_dir)
+    write_session_state(cfg, session, projector, classifier, memory, data, store, frozen_before, out_dir)
     steps = cfg.incremental.session_value("steps", session)
     result = {"session": session, "preset": cfg.preset, "variant": cfg.variant, "seed": cfg.seed,
               **{k: v for k, v in evaluation.items() if k not in ("prototype", "prototype_session0", "diagnostics")},
