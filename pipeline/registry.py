@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from pipeline.errors import FSCILError
@@ -57,10 +58,6 @@ class Registry(Mapping[str, Any]):
             self._loaded[name] = load(self.entries[name][0])
         return self._loaded[name]
 
-    def module(self, name: str) -> str | None:
-        """The module an entry lives in (None for plain data)."""
-        return self.entries[name][0].split(":")[0] if self.lazy else None
-
     def __iter__(self) -> Iterator[str]:
         return iter(self.entries)
 
@@ -69,9 +66,6 @@ class Registry(Mapping[str, Any]):
 
     def __contains__(self, name: object) -> bool:
         return name in self.entries
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(self.entries)
 
     def describe(self, name: str) -> str:
         return self.entries[name][1]
@@ -86,15 +80,12 @@ class Registry(Mapping[str, Any]):
         return f"Registry({self.kind!r}, {list(self.entries)})"
 
 
-# the packages whose registry.py holds registries (`all_registries`: `fscil list`, the invariant tests)
-PACKAGES = ("pipeline.models", "pipeline.losses", "pipeline.training", "pipeline.store", "pipeline.data")
-
-
 def all_registries() -> dict[str, Registry]:
-    """Every registry, by its dotted name (pipeline.models.registry.SSM_BRANCHES ...)."""
+    """Every registry of every pipeline/<package>/registry.py (what stages/dvc_deps.py follows too), by its dotted
+    name (pipeline.models.registry.SSM_BRANCHES ...): `fscil list`, the invariant tests."""
     out = {}
-    for package in PACKAGES:
-        module = importlib.import_module(f"{package}.registry")
+    for path in sorted(Path(__file__).parent.glob("*/registry.py")):
+        module = importlib.import_module(f"pipeline.{path.parent.name}.registry")
         out.update({f"{module.__name__}.{name}": value for name, value in vars(module).items()
                     if isinstance(value, Registry)})
     return out

@@ -274,7 +274,8 @@ def list_choices() -> None:
             typer.echo(f"  {name:<{width}}  {describe_file(folder / f'{name}.yaml')}")
     for dotted, registry in all_registries().items():
         module, name = dotted.rsplit(".", 1)
-        typer.echo(f"{registry.kind}s ({module.replace('.', '/')}.py {name}):")
+        plural = registry.kind + ("es" if registry.kind.endswith(("s", "ch", "sh", "x")) else "s")
+        typer.echo(f"{plural} ({module.replace('.', '/')}.py {name}):")
         width = max(len(n) for n in registry)
         for entry in registry:
             typer.echo(f"  {entry:<{width}}  {registry.describe(entry)}")

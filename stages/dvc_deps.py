@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import re
 import sys
 from pathlib import Path
@@ -33,6 +34,26 @@ def module_file(dotted: str, root: Path = REPO) -> Path | None:
     return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
 
 
+def parse(path: Path) -> ast.Module:
+    """`path`'s syntax tree, parsed once while the file is unchanged."""
+    stat = path.stat()
+    return _parsed(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.cache
+def _parsed(path: Path, mtime_ns: int, size: int) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
+def from_module(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a `from ... import` names (a relative one resolved against `package`)."""
+    base = node.module or ""
+    if node.level:
+        parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join(parent + ([base] if base else []))
+    return base
+
+
 def imported(tree: ast.AST, package: str, root: Path = REPO) -> set[Path]:
     """Files of our packages that the import statements in `tree` name (every parent package's __init__ too)."""
     files = set()
@@ -40,10 +61,7 @@ def imported(tree: ast.AST, package: str, root: Path = REPO) -> set[Path]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parent + ([base] if base else []))
+            base = from_module(node, package)
             names = [base] + [f"{base}.{alias.name}" for alias in node.names]
         else:
             continue
@@ -64,7 +82,7 @@ def import_closure(files: set[Path], root: Path = REPO) -> set[Path]:
             continue
         seen.add(path)
         package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
-        todo += imported(ast.parse(path.read_text()), package, root) - seen
+        todo += imported(parse(path), package, root) - seen
     return seen
 
 
@@ -76,7 +94,7 @@ def registry_targets(path: Path, names: set[str] | None, root: Path = REPO) -> s
     (None: all of them) and of the module-level names those definitions use, transitively (PROJECTOR_KINDS's
     ProjectorKind looks its branch up in SSM_BRANCHES and MIXERS)."""
     defs: dict[str, ast.AST] = {}
-    for node in ast.parse(path.read_text()).body:
+    for node in parse(path).body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
             defs[node.name] = node
         for target in getattr(node, "targets", [getattr(node, "target", None)]):
@@ -98,11 +116,7 @@ def looked_up(tree: ast.AST, package: str, registries: set[Path], root: Path = R
     out: dict[Path, set[str] | None] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parent + ([base] if base else []))
-            f = module_file(base, root)
+            f = module_file(from_module(node, package), root)
             if f in registries and out.get(f, set()) is not None:
                 out[f] = out.get(f, set()) | {alias.name for alias in node.names}
         elif isinstance(node, ast.Import):
@@ -123,7 +137,7 @@ def with_registries(files: set[Path], root: Path = REPO) -> set[Path]:
             if config in f.parents:
                 continue
             package = ".".join(f.relative_to(root).with_suffix("").parts[:-1])
-            for registry, names in looked_up(ast.parse(f.read_text()), package, registries, root).items():
+            for registry, names in looked_up(parse(f), package, registries, root).items():
                 added |= registry_targets(registry, names, root)
         added -= files
         if not added:

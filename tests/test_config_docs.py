@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-import pipeline.config.layers as config_layers
-import pipeline.config.run as config_run
 import pipeline.config.sections as config_sections
 from pipeline.config import STAGE_KEYS, build_config, run_values
 from pipeline.errors import FSCILError
@@ -43,11 +41,7 @@ def test_a_key_declared_once_reaches_config_show_the_stage_params_and_the_table(
         label_smoothing: float = 0.0
         """Label smoothing of the session loss (a key made up for this test)."""
 
-    types = {**config_sections.RUN_SECTION_TYPES, "incremental": WithNewKey}
-    monkeypatch.setattr(config_sections, "RUN_SECTION_TYPES", types)
-    monkeypatch.setattr(config_layers, "SECTION_TYPES", types)
-    monkeypatch.setattr(config_run, "SECTION_TYPES", types)
-    monkeypatch.setattr("pipeline.research.keys.RUN_SECTION_TYPES", types)
+    monkeypatch.setitem(config_sections.RUN_SECTION_TYPES, "incremental", WithNewKey)  # what every layer reads
     cfg = build_config({"incremental": {"label_smoothing": 0.1}})
     assert cfg.incremental.label_smoothing == 0.1 and cfg.origins["incremental.label_smoothing"] == "params.yaml"
     assert run_values(cfg)["incremental"]["label_smoothing"] == 0.1

@@ -144,20 +144,39 @@ def test_config_show_origin_names_every_layer(tmp_path):
     assert len(lines) > 100  # every key
 
 
+def test_every_origin_is_a_layer_the_rule_lists():
+    """`LAYERS` (the precedence rule the README points to) names every origin the layers give: none made elsewhere."""
+    import re
+
+    cfg = build_config({**OMNIGLOT, "variant": "mamba_fscil_plus", "seed": 3, "base": {"epochs": 70},
+                        "variant_params": {"mamba_fscil_plus": {"incremental": {"lambda1": 7.0}}}},
+                       ["incremental.lr=0.05"])
+    forms = [re.escape(origin).replace("<name>", r"\S+").replace("<variant>", r"\S+") for origin, _ in config.LAYERS]
+    layer = "|".join(forms)
+    for key, origin in cfg.origins.items():  # data.seed follows the top-level seed: "seed (<its layer>)"
+        assert re.fullmatch(rf"(?:{layer})|seed \((?:{layer})\)", origin), (key, origin)
+    assert {o for o in cfg.origins.values() if not o.startswith("seed")} == {
+        "default", "preset omniglot", "preset omniglot: variant_params.mamba_fscil_plus", "variant mamba_fscil_plus",
+        "params.yaml: variant_params.mamba_fscil_plus", "params.yaml", "-S"}  # every layer, one per row of LAYERS
+
+
 def test_fscil_list_names_every_preset_and_variant_on_one_line():
     result = cli("list")
     assert result.exit_code == 0
     blocks: dict[str, list[str]] = {}
     for line in result.output.splitlines():
         if not line.startswith(" "):
-            header = line.split(" (")[0]
+            header = line
         else:
             blocks.setdefault(header, []).append(line.split()[0])
-    assert blocks["presets"] == config.available_presets() and blocks["variants"] == config.available_variants()
+    assert blocks["presets (pipeline/presets/):"] == config.available_presets()
+    assert blocks["variants (pipeline/variants/):"] == config.available_variants()
     from pipeline.registry import all_registries
 
-    for registry in all_registries().values():  # and every registry's entries, each on its line
-        assert blocks[f"{registry.kind}s"] == list(registry)
+    for dotted, registry in all_registries().items():  # and every registry's entries, each on its line
+        module, name = dotted.rsplit(".", 1)
+        (header,) = [h for h in blocks if h.endswith(f" ({module.replace('.', '/')}.py {name}):")]
+        assert header.startswith(registry.kind) and blocks[header] == list(registry)
 
 
 @pytest.mark.skipif(not FSCIL.exists(), reason="the fscil console script is not installed here")

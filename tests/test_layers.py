@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from stages.dvc_deps import from_module
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -19,10 +21,7 @@ def imports_of(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parent + ([base] if base else []))
+            base = from_module(node, package)
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return found
@@ -47,8 +46,8 @@ def test_the_research_tools_never_import_the_stages():
 
 
 def test_models_ops_and_losses_read_no_presets_or_files_through_the_config():
-    config = ("pipeline.config", "pipeline.config.layers", "pipeline.config.sections", "pipeline.config.run",
-              "pipeline.research.selection_config")
+    config = ("pipeline.config", "pipeline.config.layers", "pipeline.config.sections", "pipeline.config.data_section",
+              "pipeline.config.run", "pipeline.research.selection_config")
     for folder in ("pipeline/models", "pipeline/ops", "pipeline/losses"):
         assert offenders(folder, config) == [], folder
 
@@ -65,13 +64,13 @@ def test_a_choice_key_accepts_exactly_its_registrys_names():
 
     import pytest
 
-    from pipeline.config import SECTION_TYPES
+    from pipeline.config import RUN_SECTION_TYPES
     from pipeline.config.fields import choices
     from pipeline.errors import FSCILError
     from pipeline.registry import all_registries
 
     bound = {}
-    for section, cls in SECTION_TYPES.items():
+    for section, cls in RUN_SECTION_TYPES.items():
         for f in dataclasses.fields(cls):
             if (registry := choices(f)) is not None:
                 bound[f"{section}.{f.name}"] = registry

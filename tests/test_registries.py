@@ -6,6 +6,7 @@ config, listed by the key docs and `fscil list`, exercised by these invariants a
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 from pipeline.config import build_config
 from pipeline.config.sections import BaseConfig, IncrementalConfig, ModelConfig
 from pipeline.data.presets import PRESETS
+from pipeline.errors import FSCILError
 from pipeline.losses.class_sensitive import suppression_loss
 from pipeline.losses.registry import SUPPRESSION_FORMS
 from pipeline.models.backbones import Backbone
@@ -231,6 +233,7 @@ def test_a_new_branch_and_a_new_loss_form_are_one_function_and_one_line_each(thr
     table = keys_table()
     assert "ss2d, mamba_1d, toy" in table and "squared_mean, norm_per_element, toy_abs_mean" in table
     listed = cli("list")
-    assert "toy           a throwaway branch (a test)" in listed.output or "toy  " in listed.output
-    with pytest.raises(Exception, match="must be one of ss2d, mamba_1d, toy"):
+    assert re.search(r"^selective-SSM branches \(pipeline/models/registry.py SSM_BRANCHES\):\n(  .*\n)*"
+                     r"  toy +a throwaway branch \(a test\)$", listed.output, re.M), listed.output
+    with pytest.raises(FSCILError, match="must be one of ss2d, mamba_1d, toy"):
         build_config({"model": {"ssm_branch": "toy2"}})

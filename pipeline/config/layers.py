@@ -14,15 +14,12 @@ from typing import Any
 
 import yaml
 
-from pipeline.config.fields import SectionConfig
 from pipeline.config.sections import RUN_SECTION_TYPES, TopLevel
 from pipeline.errors import FSCILError
 
 PRESET_DIR = Path(__file__).parents[1] / "presets"
 VARIANT_DIR = Path(__file__).parents[1] / "variants"
-# every params.yaml section a run reads and its dataclass, in params.yaml's order
-SECTION_TYPES: dict[str, type[SectionConfig]] = dict(RUN_SECTION_TYPES)
-SECTIONS = tuple(SECTION_TYPES)
+SECTIONS = tuple(RUN_SECTION_TYPES)  # every params.yaml section a run reads, in params.yaml's order
 # sections the run does not read: their values go through the same layers, and the command that reads them checks
 # them (`selection`: `fscil select`, pipeline/research/selection_config.py)
 TOOL_SECTIONS = ("selection",)
@@ -140,14 +137,14 @@ def flatten(values: dict[str, Any], where: str, top: bool = True) -> dict[str, A
     name `where`); `variant_params` is left out (a layer of its own)."""
     out: dict[str, Any] = {}
     for key, value in values.items():
-        if key in SECTION_TYPES or key in TOOL_SECTIONS:
+        if key in RUN_SECTION_TYPES or key in TOOL_SECTIONS:
             if value is None:  # `model:` with nothing under it
                 continue
             if not isinstance(value, dict):
                 raise FSCILError(f"{where}: {key} must be a mapping of keys to values")
-            names = [f.name for f in dataclasses.fields(SECTION_TYPES[key])] if key in SECTION_TYPES else value
+            names = [f.name for f in dataclasses.fields(RUN_SECTION_TYPES[key])] if key in RUN_SECTION_TYPES else None
             for sub, v in value.items():
-                if sub not in names:
+                if names is not None and sub not in names:  # a tool's section: checked by that tool
                     raise FSCILError(f"{where}: unknown key {key}.{sub} (valid: {', '.join(names)})")
                 out[f"{key}.{sub}"] = v
         elif top and key in TOP_DEFAULTS:
@@ -201,10 +198,10 @@ def _variant_params(values: Any, where: str) -> dict[str, dict[str, dict[str, An
             raise FSCILError(f"{where}: variant_params.{variant} must map params sections to mappings")
         flatten(sections, f"{where}: variant_params.{variant}", top=False)
         for name, section in sections.items():
-            if name not in SECTION_TYPES:  # a tool's section: checked by that tool
+            if name not in RUN_SECTION_TYPES:  # a tool's section: checked by that tool
                 continue
             try:  # the section's own type and range rules, on these values alone
-                SECTION_TYPES[name].from_dict(section)
+                RUN_SECTION_TYPES[name].from_dict(section)
             except FSCILError as err:
                 raise FSCILError(f"{where}: variant_params.{variant}: {str(err).removeprefix('params: ')}") from None
     return values
@@ -213,7 +210,7 @@ def _variant_params(values: Any, where: str) -> dict[str, dict[str, dict[str, An
 def _defaults() -> dict[str, Any]:
     """Layer 1: every top-level key and section field at its default."""
     out = dict(TOP_DEFAULTS)
-    for name, cls in SECTION_TYPES.items():
+    for name, cls in RUN_SECTION_TYPES.items():
         for key, value in dataclasses.asdict(cls()).items():
             out[f"{name}.{key}"] = value
     return out

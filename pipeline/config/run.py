@@ -11,7 +11,7 @@ from typing import Any
 
 from pipeline.config.data_section import DataConfig
 from pipeline.config.fields import check
-from pipeline.config.layers import SECTION_TYPES, SECTIONS, nest, read_yaml, resolve_params, variant_nonzero
+from pipeline.config.layers import RUN_SECTION_TYPES, SECTIONS, nest, read_yaml, resolve_params, variant_nonzero
 from pipeline.config.sections import BaseConfig, ExtractConfig, IncrementalConfig, ModelConfig, TopLevel
 from pipeline.errors import FSCILError
 from pipeline.ops.scan_dispatch import SCAN_CHOICES
@@ -181,7 +181,7 @@ def _build(merged: dict[str, Any]) -> Config:
     threads = merged["threads"]
     check(isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1, "", "threads",
           "must be a positive integer")
-    sections = {name: cls.from_dict(merged[name]) for name, cls in SECTION_TYPES.items()}
+    sections = {name: cls.from_dict(merged[name]) for name, cls in RUN_SECTION_TYPES.items()}
     return Config(preset=merged["preset"], seed=seed, device=device, threads=threads, variant=merged["variant"],
                   sessions=check_session_map(merged["sessions"]), deterministic=deterministic, scan=scan,
                   precision=precision, nproc_per_node=nproc, **sections)

@@ -239,16 +239,15 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
     candidates: the candidate sets (`load_selection`: the params' selection section). work_dir (None:
     out_dir/work) keeps the pseudo packs, the base models and feature stores and every candidate's result, so
     nothing computed there is computed again. With
-    selection.protocols > 1 each candidate runs on every pseudo protocol (seed sel.seed + i, which also seeds its
+    selection.protocols > 1 each candidate runs on every pseudo protocol (seed candidates.seed + i, which also seeds its
     training) and scores the mean of their results. jobs > 1: each key's candidate runs in that many processes at
     once (one GPU each when several are visible; `_Selection.prefetch`), with the same results as one.
     """
     if jobs < 1:
         raise FSCILError(f"--jobs must be >= 1, got {jobs}")
-    sel = candidates
     # a named variant is what its name says: the keys it sets itself (a row's projector, its losses off) are held
     fixed = variant_keys(cfg.variant)
-    full_order = selection_order(sel)
+    full_order = selection_order(candidates)
     order = [entry for entry in full_order if entry[1] not in fixed]
     # any projector (an ablation row selects its own session settings); a candidate its projector cannot take
     # (inc_init base without g_inc) fails the config check below, before anything trains
@@ -261,7 +260,8 @@ def select(cfg: Config, pack_path: Path, out_dir: Path, candidates: SelectionCon
                                  f"{str(err).removeprefix('params: ')}") from None
     out_dir, work_dir = Path(out_dir), Path(work_dir or Path(out_dir) / "work")
     with locked(work_dir, "fscil select"):
-        run = _Selection(cfg, sel, pack_path, work_dir, log, reuse_stale, sum(len(v) for _, _, v, _ in order), jobs)
+        planned = sum(len(v) for _, _, v, _ in order)
+        run = _Selection(cfg, candidates, pack_path, work_dir, log, reuse_stale, planned, jobs)
         return _select(run, order, full_order, fixed, out_dir)
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config.fields import SectionConfig, check, fail
+from pipeline.config.layers import resolve_params
+from pipeline.config.run import with_origin
 from pipeline.config.sections import LAST_EPOCHS_KEYS, RUN_SECTION_TYPES
 from pipeline.errors import FSCILError
 
@@ -159,9 +161,6 @@ def load_selection(params: dict[str, Any], overrides: list[str] | tuple[str, ...
                    source: str = "params.yaml") -> SelectionConfig:
     """The `selection` section as the layers of `pipeline.config.layers` resolve it (preset, variant_params, the
     params file, -S), checked: a one-line error names the key and the layer that set it."""
-    from pipeline.config import resolve_params
-    from pipeline.config.run import with_origin
-
     values, origins = resolve_params(params, overrides, source)
     section = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("selection.")}
     names = [f.name for f in dataclasses.fields(SelectionConfig)]
