@@ -140,11 +140,14 @@ def speed(params: ParamsOpt = Path("params.yaml"), overrides: SetOpt = None,
               "data/speed"),
           keep: Annotated[bool, typer.Option("--keep", help="Keep the run's outputs in <out>.work.")] = False,
           pack_cache: Annotated[Path | None, typer.Option("--pack-cache", help="Folder keeping the image pack of "
-                                                          "each data section, built once for several runs.")] = None
+                                                          "each data section, built once for several runs.")] = None,
+          base_epochs: Annotated[int | None, typer.Option(
+              "--base-epochs", min=1, help="Train only the first N epochs of the base schedule (whole passes of "
+              "base.repeat), the schedule unchanged, and estimate the whole run from their pace.")] = None
           ) -> None:
     """Time every stage of the configured run once (prepare, base, extract, each session, report) on a scratch
     folder: seconds, peak GPU memory, base images/s. With -S +data.source=synthetic a paper preset runs at its shape
-    without its dataset; -S base.epochs=N shortens the base stage (seconds per epoch scale to the preset's)."""
+    without its dataset; --base-epochs N times the first N epochs of its base schedule and estimates the rest."""
     import shutil
 
     from pipeline.atomic import atomic_output, claim_folder, mark_folder
@@ -160,7 +163,7 @@ def speed(params: ParamsOpt = Path("params.yaml"), overrides: SetOpt = None,
     shutil.rmtree(work, ignore_errors=True)  # a scratch folder of an earlier speed run (claimed above)
     mark_folder(work, "fscil speed (work)")
     try:
-        table = _run("speed", time_stages, cfg, work, say, pack_cache)
+        table = _run("speed", time_stages, cfg, work, say, pack_cache, base_epochs)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)

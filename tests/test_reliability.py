@@ -75,6 +75,28 @@ def test_resumed_base_training_reaches_the_same_weights(tiny_run, tmp_path):
     assert result["train_loss"] == reference["train_loss"] and result["acc"] == reference["acc"]
 
 
+def test_an_epoch_limit_cuts_the_configured_schedule_short(tiny_run, tmp_path):
+    """`fscil speed --base-epochs`: the first epoch of the configured 3-epoch schedule (its lr by step), finished and
+    written like a whole training: the weights of the uninterrupted run after its epoch 1 (its resume point); not
+    the 1-epoch schedule's, whose cosine decays three times faster."""
+    _, params, paths = tiny_run
+    cfg = load_config(params)
+    result = train_base(cfg, paths.pack, tmp_path / "cut", tmp_path / "cut.resume", epoch_limit=1, show_progress=False)
+    reference = json.loads((paths.base / "metrics.json").read_text())
+    assert reference["epochs"] == 3 and result["epochs"] == 1 and result["steps"] == reference["steps"] // 3
+    assert result["train_loss"] == reference["train_loss"][:1]
+    assert json.loads((tmp_path / "cut" / "metrics.json").read_text())["epochs"] == 1
+    assert result["seconds_per_epoch"] > 0 and "seconds_per_epoch" not in reference  # a run time, kept out of files
+    assert train_base(cfg, paths.pack, None, tmp_path / "full.resume", stop_after_epoch=1, show_progress=False) == {}
+    after_one, _ = load_checkpoint(tmp_path / "full.resume" / RESUME_FILE)
+    cut = load_file(str(tmp_path / "cut" / "model.safetensors"))
+    assert all(torch.equal(cut[k], after_one[f"model.{k}"]) for k in cut)
+    shorter = load_config(write_params(tmp_path / "short.yaml", base={"epochs": 1}))
+    train_base(shorter, paths.pack, tmp_path / "short", tmp_path / "short.resume", show_progress=False)
+    other = load_file(str(tmp_path / "short" / "model.safetensors"))
+    assert not torch.equal(other["projector.g_base.in_proj.weight"], cut["projector.g_base.in_proj.weight"])
+
+
 def test_sigkill_leaves_nothing_a_later_stage_accepts_and_rerun_matches(tiny_run, tmp_path):
     _, _, paths = tiny_run
     params = write_params(tmp_path / "params.yaml", base={"epochs": 12})

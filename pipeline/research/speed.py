@@ -45,11 +45,13 @@ def _timed(rows: list[dict], stage: str, device, say: Callable[[str], None]) -> 
 
 
 def time_stages(cfg: Config, work: Path, say: Callable[[str], None] | None = None,
-                pack_cache: Path | None = None) -> pd.DataFrame:
+                pack_cache: Path | None = None, base_epochs: int | None = None) -> pd.DataFrame:
     """prepare, base, extract, each session and report of `cfg` into `work` (the same stage functions `dvc repro`
     runs, in one process: no interpreter start-up or DVC bookkeeping per stage); one row per stage, then the
     sessions' total and the whole run's. pack_cache: a folder keeping the image pack of each data section, so runs
-    on the same data (another profile, say) build it once (their prepare row says `cached`)."""
+    on the same data (another profile, say) build it once (their prepare row says `cached`). base_epochs: train
+    only the first epochs of the base schedule (whole passes of base.repeat; the schedule is the config's own), and
+    add the whole run's estimate: the remaining epochs at the median seconds an epoch took."""
     say = say or (lambda line: None)
     device = run_device(cfg)
     rows: list[dict] = []
@@ -61,7 +63,8 @@ def time_stages(cfg: Config, work: Path, say: Callable[[str], None] | None = Non
                 check(stored.protocol)
         row.update(images=built["images"] if built else None, cached=built is None)
     with _timed(rows, "base", device, say) as row:
-        base = base_stage(cfg, pack, work / "base", work / "base.resume", show_progress=False)
+        base = base_stage(cfg, pack, work / "base", work / "base.resume", show_progress=False,
+                          epoch_limit=base_epochs)
         row.update(epochs=base["epochs"], images_per_second=base["images_per_second"], acc=base["acc"])
     with _timed(rows, "extract", device, say):
         extract_stage(cfg, pack, work / "base", work / "features.zarr", show_progress=False, progress_lines=False)
@@ -77,11 +80,14 @@ def time_stages(cfg: Config, work: Path, say: Callable[[str], None] | None = Non
         write_report(results, work / "metrics.json", work / "report", f"speed: {cfg.method}")
     table = pd.DataFrame(rows)
     sessions = table[table.stage.str.startswith("session ")]
-    totals = pd.DataFrame([{"stage": "sessions (all)", "seconds": round(sessions.seconds.sum(), 2),
-                            "peak_gpu_mib": sessions.peak_gpu_mib.max()},
-                           {"stage": "total", "seconds": round(table.seconds.sum(), 2),
-                            "peak_gpu_mib": table.peak_gpu_mib.max()}])
-    return pd.concat([table, totals], ignore_index=True)
+    totals = [{"stage": "sessions (all)", "seconds": round(sessions.seconds.sum(), 2),
+               "peak_gpu_mib": sessions.peak_gpu_mib.max()},
+              {"stage": "total", "seconds": round(table.seconds.sum(), 2), "peak_gpu_mib": table.peak_gpu_mib.max()}]
+    if base["epochs"] < cfg.base.epochs:  # cut short by base_epochs: the rest of the schedule at the measured pace
+        rest = (cfg.base.epochs - base["epochs"]) * base["seconds_per_epoch"]
+        totals.append({"stage": f"total, {cfg.base.epochs} base epochs (estimated)", "epochs": cfg.base.epochs,
+                       "seconds": round(table.seconds.sum() + rest, 2)})
+    return pd.concat([table, pd.DataFrame(totals)], ignore_index=True)
 
 
 def device_label(device) -> str:

@@ -345,10 +345,12 @@ def train_epoch(cfg, run: BaseRun, p: int, device, show_progress: bool) -> tuple
 
 def finish_base(cfg, run: BaseRun, pack: ImagePack, device, history: list[float], out_dir: Path | None,
                 started: float, rates: list[float] | None = None) -> dict:
-    """After the last epoch (history: each epoch's mean loss): the not-learning check, precise BatchNorm when asked,
-    and on the main process the base-class test accuracy and the written model (model.safetensors + metrics.json).
-    rates: the training images per second of the epochs run in this process (their median is reported)."""
-    if not_learning(history):
+    """After the last epoch (history: each pass's mean loss): the not-learning check (on a whole schedule only),
+    precise BatchNorm when asked, and on the main process the base-class test accuracy and the written model
+    (model.safetensors + metrics.json). rates: the training images per second of the passes run in this process
+    (their median is reported, and the seconds an epoch takes at it)."""
+    epochs = len(history) * cfg.base.repeat  # base.epochs, or fewer under train_base's epoch_limit
+    if epochs == cfg.base.epochs and not_learning(history):
         raise TrainingDiverged(f"base training: the mean loss of the last epoch ({history[-1]:.4g}) is not below "
                                f"the first epoch's ({history[0]:.4g}); nothing written (lower base.lr)")
     recalibrated = 0
@@ -366,21 +368,32 @@ def finish_base(cfg, run: BaseRun, pack: ImagePack, device, history: list[float]
     pred = evaluate_images(run.model, pack, test_ids, run.num_base, run.preset, device, cfg.base.eval_batch_size)
     result = {"session": 0, **session_metrics(pred, pack.labels[test_ids], run.num_base, run.num_base),
               "preset": cfg.preset, "projector": cfg.model.projector, "train_loss": history,
-              "epochs": cfg.base.epochs, "steps": run.plan.total_steps,
+              "epochs": epochs, "steps": len(history) * run.plan.steps,
               "world_size": run.group.world_size, "precise_bn_layers": recalibrated,
               "num_sessions": len(protocol.sessions), "seconds": round(time.time() - started, 2),
-              "images_per_second": round(float(np.median(rates)), 1) if rates else None}
+              "images_per_second": round(float(np.median(rates)), 1) if rates else None,
+              "seconds_per_epoch": round(pass_images(cfg, run) / cfg.base.repeat / float(np.median(rates)), 3)
+              if rates else None}
     _write_base_model(Path(out_dir), run.model, cfg, pack, run.preset.input_size, result)
     return result
 
 
+def pass_images(cfg, run: BaseRun) -> int:
+    """The training images one pass of `run` steps through (base.repeat epochs' worth)."""
+    return min(run.plan.steps * cfg.base.batch_size, run.plan.rows)
+
+
 def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path, *,
-               stop_after_epoch: int | None = None, show_progress: bool = True, curve: Path | None = None) -> dict:
+               stop_after_epoch: int | None = None, epoch_limit: int | None = None, show_progress: bool = True,
+               curve: Path | None = None) -> dict:
     """Train the base session; the main process writes `out_dir`/model.safetensors + metrics.json.
 
     checkpoint_dir: where the periodic resumable checkpoint lives (outside the atomic output, so a killed run
-    resumes from it). stop_after_epoch: end early after that epoch (to test resumption); returns {} then. curve:
-    the CSV of loss, lr and training accuracy per epoch, rewritten after each (`pipeline.training.curves`).
+    resumes from it). stop_after_epoch: end early after that epoch (to test resumption); returns {} then.
+    epoch_limit: train the first epoch_limit epochs of the configured schedule (whole passes of base.repeat), then
+    finish and write the model as after the last (what `fscil speed --base-epochs` times: the preset's own lr
+    schedule, batches and checkpoints, cut short). curve: the CSV of loss, lr and training accuracy per epoch,
+    rewritten after each (`pipeline.training.curves`).
     """
     device = run_device(cfg)
     group = init_process_group(device)
@@ -393,7 +406,8 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
         progress = ProgressLog("base", cfg.base.epochs, "epoch", start=start_epoch, enabled=group.is_main)
         rates: list[float] = []  # training images per second of each pass run here
         repeat = cfg.base.repeat
-        for p in range(start_epoch // repeat, run.plan.passes):
+        passes = run.plan.passes if epoch_limit is None else min(run.plan.passes, -(-epoch_limit // repeat))
+        for p in range(start_epoch // repeat, passes):
             epoch_started = time.perf_counter()
             loss, accuracy = train_epoch(cfg, run, p, device, show_progress)
             done = (p + 1) * repeat
@@ -401,8 +415,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
             rows.append({"epoch": done, "loss": loss, "lr": lr, "train_acc": accuracy})
             if group.is_main:
                 write_curve(curve, BASE_COLUMNS, rows)
-            images = min(run.plan.steps * cfg.base.batch_size, run.plan.rows)
-            rate = images / max(time.perf_counter() - epoch_started, 1e-9)
+            rate = pass_images(cfg, run) / max(time.perf_counter() - epoch_started, 1e-9)
             rates.append(rate)
             progress.update(done, loss=f"{loss:.4f}", lr=f"{lr:.4g}",
                             **{"img/s": f"{rate:.0f}"})
@@ -418,13 +431,14 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
 
 
 def base_stage(cfg, pack_path: Path, out_dir: Path, resume_dir: Path, show_progress: bool = True,
-               curve: Path | None = None) -> dict:
+               curve: Path | None = None, epoch_limit: int | None = None) -> dict:
     """Base training into out_dir/{model.safetensors, metrics.json}; its resume point lives in resume_dir until it
     finishes, its curve (when given) is written as it trains. Under torchrun every process trains, only rank 0
-    writes."""
+    writes. epoch_limit: see train_base."""
     if not is_launch_main():
-        return train_base(cfg, pack_path, None, resume_dir, show_progress=False)
+        return train_base(cfg, pack_path, None, resume_dir, show_progress=False, epoch_limit=epoch_limit)
     with atomic_output(out_dir, directory=True) as tmp:
-        result = train_base(cfg, pack_path, tmp, resume_dir, show_progress=show_progress, curve=curve)
+        result = train_base(cfg, pack_path, tmp, resume_dir, show_progress=show_progress, curve=curve,
+                            epoch_limit=epoch_limit)
     shutil.rmtree(resume_dir, ignore_errors=True)  # finished: nothing left to resume
     return result

@@ -29,7 +29,7 @@ def save_checkpoint(path: str | Path, tensors: dict[str, torch.Tensor], metadata
 
 # what a run measured of this machine, not what it computed: kept out of the files a stage writes into DVC's outputs,
 # so that the same inputs give the same bytes (dvc.lock unchanged by a rerun); the stages print them
-RUN_TIMES = ("seconds", "images_per_second")
+RUN_TIMES = ("seconds", "images_per_second", "seconds_per_epoch")
 
 
 def write_metrics(path: str | Path, result: dict[str, Any]) -> None:
