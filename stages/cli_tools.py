@@ -299,12 +299,12 @@ def compare_runs(rows: Annotated[list[str] | None, typer.Argument(
                  ) -> None:
     """The rows of `dvc exp show` side by side: the resolved values that differ between them, then their metrics.
     Experiments still running or queued are left out (named on stderr)."""
-    from pipeline.research.compare import HEADLINE, compare, exp_show_csv
+    from pipeline.research.compare import HEADLINE, compare, described, exp_show_csv
 
     table, unfinished = _run("compare", compare, exp_show_csv(all_commits), rows or [],
                              tuple(metric) if metric else HEADLINE, timed=False)
     if unfinished:
-        typer.echo(f"left out, no results yet: {', '.join(unfinished)}", err=True)
+        typer.echo(f"left out, no results yet: {described(unfinished)}", err=True)
     table.columns.name = None
     typer.echo(table.to_string())
 

@@ -1,4 +1,4 @@
-"""The precedence rule (pipeline/config.py): what the user configures is what runs, or a one-line error says why not.
+"""The precedence rule (pipeline/config/layers.py): what the user configures is what runs, or a one-line error says why not.
 One test per surprise of the old five-layer merge, and `fscil config show --origin` / `-S` / `fscil list`."""
 
 from __future__ import annotations

@@ -103,6 +103,19 @@ def test_every_row_has_the_resolved_values_and_plots_diff_needs_no_cache(tmp_pat
     assert blocks[2].splitlines()[-1].startswith(f"AVG {sum(float(r['acc']) for r in exp) / len(exp):.2f}")
 
 
+def test_fscil_compare_names_the_rows_it_leaves_out_with_their_state(monkeypatch):
+    import pipeline.research.compare as compare_module
+    from tests.pipeline_fixtures import cli
+
+    text = ("Experiment,rev,typ,Created,parent,State,Executor,avg\n"
+            ",main,baseline,2026,,,,50.0\n"
+            "queued-one,def5678,branch_commit,2026,,Queued,,50.0\n")
+    monkeypatch.setattr(compare_module, "exp_show_csv", lambda all_commits: text)
+    result = cli("compare", "-m", "avg")
+    assert result.exit_code == 0, result.output
+    assert "left out, no results yet: queued-one (queued)" in result.output
+
+
 def test_compare_leaves_out_running_experiments_and_takes_metric_patterns():
     """From `dvc exp show --csv` text: a running experiment (which dvc lists with the workspace's metrics under its
     name) is left out and named; -m takes shell patterns; a pattern naming no metric is a one-line error."""
