@@ -37,7 +37,7 @@ def test_loss_is_the_dr_loss_plus_the_weighted_cross_entropy_of_the_mixed_target
     logp = torch.log_softmax(aux, dim=1)
     ce = [-(lam[i] * logp[i, y_a[i]] + (1 - lam[i]) * logp[i, y_b[i]]) for i in range(6)]
     expect = sum(dr) / 6 + 0.4 * sum(ce) / 6
-    mixed = torch.tensor(1.0)  # a mixed batch (the paper's form weighs by lam alone either way)
+    mixed = True  # a mixed batch (the paper's form weighs by lam alone either way)
     got = base_loss(HEADS["etf"], cfg, cos, aux, y_a, y_b, lam, mixed)
     assert torch.allclose(got, expect, rtol=1e-12, atol=0)
     # off: the DR loss alone, as before the option existed

@@ -127,10 +127,10 @@ def test_passes_pad_to_whole_device_groups_like_their_sampler():
     cfg = build_config({"preset": "synthetic", "base": {"epochs": 6, "batch_size": 16, "device_batch": 4,
                                                          "repeat": 3, "drop_last": False, "checkpoint_every": 3}})
     plan = base_plan(cfg.base, 21)  # 63 rows a pass, padded to 64: 4 batches of 16
-    assert plan == (2, 4, 64, 4)
+    assert plan == (2, 4, 64, 4, 64)
     dropped = build_config({"preset": "synthetic", "base": {"epochs": 6, "batch_size": 16, "repeat": 3,
                                                             "checkpoint_every": 3}})
-    assert base_plan(dropped.base, 21) == (2, 3, 63, 1)
+    assert base_plan(dropped.base, 21) == (2, 3, 63, 1, 48)
 
 
 def test_the_authors_mixed_loss_counts_the_first_targets_loss_twice_on_a_mixed_batch_only():
@@ -150,7 +150,7 @@ def test_the_authors_mixed_loss_counts_the_first_targets_loss_twice_on_a_mixed_b
     dr = lambda i, y: 10 * 0.5 * (cos[i, y[i]] - 1) ** 2  # noqa: E731
     l_a, l_b = sum(dr(i, y_a) for i in range(6)) / 6, sum(dr(i, y_b) for i in range(6)) / 6
     paper, authors = BaseConfig(dr_scale=10.0), BaseConfig(dr_scale=10.0, mix_loss="lam_weighted_plus_a")
-    one, zero = torch.ones((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+    one, zero = True, False
     got = base_loss(HEADS["etf"], authors, cos, None, y_a, y_b, lam, mixed=one)
     assert torch.allclose(got, 0.3 * l_a + 0.7 * l_b + l_a, rtol=1e-12, atol=0)
     assert torch.allclose(base_loss(HEADS["etf"], paper, cos, None, y_a, y_b, lam, mixed=one), 0.3 * l_a + 0.7 * l_b,

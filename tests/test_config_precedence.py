@@ -1,5 +1,5 @@
-"""The precedence rule (pipeline/config/layers.py): what the user configures is what runs, or a one-line error says why not.
-One test per surprise of the old five-layer merge, and `fscil config show --origin` / `-S` / `fscil list`."""
+"""The precedence rule (pipeline/config/layers.py): what the user configures is what runs, or a one-line error says
+why not. One test per surprise of the old five-layer merge, and `fscil config show --origin` / `-S` / `fscil list`."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.data.assemble import assemble
 from pipeline.data.cec_splits import BENCHMARKS, BenchmarkShape, read_cec_splits
 from pipeline.data.pack import PackContent
+from pipeline.data.registry import DATASETS
 from pipeline.data.sampling import seeded_protocol
 from pipeline.data.source import SourceDataset
 from pipeline.data.synthetic import SyntheticSpec, synthetic_pack_content
@@ -38,8 +39,7 @@ def build_synthetic(cfg: DataConfig) -> PackContent:
 
 
 def shape_is_standard(cfg: DataConfig) -> bool:
-    b = BENCHMARKS[cfg.dataset]
-    return cfg.protocol_shape() == (b.base_classes, b.ways, b.shots, b.sessions)
+    return cfg.protocol_shape() == DATASETS[cfg.dataset].protocol
 
 
 def cec_pack(cfg: DataConfig, source: SourceDataset) -> PackContent:

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.data.builders import build_synthetic
 from pipeline.data.pack import write_pack
 from pipeline.data.protocol import FSCILProtocol
 from pipeline.data.registry import DATASETS
@@ -27,7 +26,7 @@ def build_pack(cfg: DataConfig, out: Path, check: Callable[[FSCILProtocol], None
     with nothing at `out`.
     """
     start = time.perf_counter()
-    content = (build_synthetic if cfg.generated else DATASETS[cfg.dataset].builder())(cfg)
+    content = DATASETS["synthetic" if cfg.generated else cfg.dataset].builder()(cfg)  # data.source synthetic: drawn
     protocol = content.protocol
     if check is not None:
         check(protocol)

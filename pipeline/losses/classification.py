@@ -49,23 +49,23 @@ def mixed_loss(loss_fn, logits: torch.Tensor, target_a: torch.Tensor, target_b: 
 
 
 def mix_loss_lam_weighted(loss_fn, logits: torch.Tensor, target_a: torch.Tensor, target_b: torch.Tensor,
-                          lam: torch.Tensor, mixed: torch.Tensor, scale: float = 1.0,
+                          lam: torch.Tensor, mixed: bool, scale: float = 1.0,
                           weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The paper's base loss on a batch (eq. optim_base): lam L(y_a) + (1 - lam) L(y_b) (`mixed_loss`); an unmixed
-    batch (lam = 1, y_b = y_a) is L(y_a). mixed: 1 for a Mixup / CutMix batch, else 0 (unused here)."""
+    batch (lam = 1, y_b = y_a) is L(y_a). mixed: whether the batch is a Mixup / CutMix batch (unused here)."""
     return mixed_loss(loss_fn, logits, target_a, target_b, lam, scale=scale, weights=weights)
 
 
 def mix_loss_lam_weighted_plus_a(loss_fn, logits: torch.Tensor, target_a: torch.Tensor, target_b: torch.Tensor,
-                                 lam: torch.Tensor, mixed: torch.Tensor, scale: float = 1.0,
+                                 lam: torch.Tensor, mixed: bool, scale: float = 1.0,
                                  weights: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The authors' base loss: on a Mixup / CutMix batch lam L(y_a) + (1 - lam) L(y_b) + L(y_a), the head's loss
     on the first targets added a second time (their classifier's mixed branch, then its plain branch on the same
-    features); an unmixed batch is L(y_a) once. mixed: a 0-dim tensor, 1 for a mixed batch, else 0 (no wait for
-    the device)."""
+    features); an unmixed batch is L(y_a) once. mixed: whether the batch is a Mixup / CutMix batch."""
     once = mixed_loss(loss_fn, logits, target_a, target_b, lam, scale=scale, weights=weights)
-    again = loss_fn(logits, target_a, None if weights is None else weights[0], None, scale)
-    return once + mixed.to(once.dtype) * again
+    if not mixed:
+        return once
+    return once + loss_fn(logits, target_a, None if weights is None else weights[0], None, scale)
 
 
 def target_weights(kind: str, target_a: torch.Tensor, target_b: torch.Tensor,

@@ -19,7 +19,7 @@ SCAN_CHOICES = ("auto", "torch", "triton", "mamba")
 # GPU kernels of ours, imported by name when a CUDA run asks for them (params `scan`): a CPU run never runs them, so
 # they are no DVC dependency of the stages (stages/dvc_deps.py), and editing one re-runs nothing. They are checked
 # against the PyTorch scan by their tests; a CUDA run made before an edit is rerun with `dvc repro -f`.
-KERNELS = {"triton": "pipeline.ops.selective_scan_triton"}
+KERNELS = {"triton": "pipeline.ops.selective_scan_triton:selective_scan_triton"}
 
 MEASURED: dict[str, tuple[Row, ...]] = {
     # no GPU has been measured yet: `fscil model cost --device cuda --scan-grid` prints the rows to paste here

@@ -30,6 +30,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from pipeline.ops.scan_dispatch import KERNELS, MEASURED, SCAN_CHOICES, fastest
+from pipeline.registry import load
 
 try:
     from mamba_ssm.ops.selective_scan_interface import selective_scan_fn as _cuda_selective_scan
@@ -58,13 +59,10 @@ def set_scan(choice: str) -> None:
 
 @functools.cache  # imported once, not at every scan
 def _triton_scan():
-    import importlib
-
     try:  # by name: a GPU kernel, no dependency of a CPU run (scan_dispatch.KERNELS)
-        module = importlib.import_module(KERNELS["triton"])
+        return load(KERNELS["triton"])
     except ImportError as err:
         raise ValueError(f"scan: triton needs the triton package (pip install -e '.[kernels]'): {err}") from None
-    return module.selective_scan_triton
 
 
 def selective_scan(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.config.fields import SectionConfig, check, fail
-from pipeline.config.layers import resolve_params
+from pipeline.config.layers import nest, resolve_params
 from pipeline.config.run import with_origin
 from pipeline.config.sections import LAST_EPOCHS_KEYS, RUN_SECTION_TYPES
 from pipeline.errors import FSCILError
@@ -162,7 +162,7 @@ def load_selection(params: dict[str, Any], overrides: list[str] | tuple[str, ...
     """The `selection` section as the layers of `pipeline.config.layers` resolve it (preset, variant_params, the
     params file, -S), checked: a one-line error names the key and the layer that set it."""
     values, origins = resolve_params(params, overrides, source)
-    section = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("selection.")}
+    section = nest(values).get("selection", {})
     names = [f.name for f in dataclasses.fields(SelectionConfig)]
     for key in section:
         if key not in names:

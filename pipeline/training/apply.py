@@ -189,10 +189,9 @@ def predict_files(trained: TrainedModel, files: list[Path], device: torch.device
     extents = None if preset.view != "shorter_side" else np.array([size for _, size in loaded.values()])
     ids, scores = predict_arrays(trained, images, device, extents=extents)
     done = {f: (int(i), float(s)) for f, i, s in zip(loaded, ids, scores, strict=True)}
-    score = trained.head.score
-    return [{"path": str(f), "class_id": done[f][0], "class": trained.class_names[done[f][0]],
-             score: round(done[f][1], 6), "skipped": ""} if f in done else
-            {"path": str(f), "class_id": None, "class": None, score: None, "skipped": skipped[f]} for f in files]
+    columns = prediction_columns(trained)
+    return [dict(zip(columns, (str(f), done[f][0], trained.class_names[done[f][0]], round(done[f][1], 6), "")
+                     if f in done else (str(f), None, None, None, skipped[f]), strict=True)) for f in files]
 
 
 def describe(trained: TrainedModel) -> str:

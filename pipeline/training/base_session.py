@@ -113,23 +113,21 @@ def _base_batch(images: torch.Tensor, targets: torch.Tensor, num_base: int, pres
                 extents: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """One global batch of eq. optim_base: augmented images, the two targets and lam of batch Mixup/CutMix
     (target_b == target_a and lam == 1 when nothing is mixed: Mixup/CutMix off, or one of the last unmixed_epochs),
-    and whether it was mixed (a 0-dim float tensor: 1 for a Mixup / CutMix batch, else 0).
+    and whether it was mixed (a bool: Mixup / CutMix is drawn on the host).
     In the last unaugmented_epochs the batch is the test view of the images, unmixed. gen draws the augmentation,
     host_gen (a CPU generator; None: gen) the mixing; groups: the device groups Mixup partners stay in; extents: the
     images' extents on their canvas (the shorter_side view) or None."""
     from_end = base_cfg.epochs - epoch  # 1 in the last epoch
     y_a = y_b = targets
     lam = torch.ones(len(targets), device=images.device)
-    unmixed = torch.zeros((), device=images.device)
     if from_end <= base_cfg.unaugmented_epochs:
-        return test_transform(images, preset, extents), y_a, y_b, lam, unmixed
+        return test_transform(images, preset, extents), y_a, y_b, lam, False
     x = train_augment(images, preset, gen, extents)
     if from_end > base_cfg.unmixed_epochs and (base_cfg.mixup_alpha > 0 or base_cfg.cutmix_alpha > 0):
         mixed = mixup_cutmix(x, y_a, num_base, base_cfg.mixup_alpha, base_cfg.cutmix_alpha, base_cfg.mix_prob, 0.5,
                              gen if host_gen is None else host_gen, groups)
-        flag = torch.full((), float(mixed.kind != "none"), device=images.device)
-        return mixed.images, mixed.target_a, mixed.target_b, mixed.lam, flag
-    return x, y_a, y_b, lam, unmixed
+        return mixed.images, mixed.target_a, mixed.target_b, mixed.lam, mixed.kind != "none"
+    return x, y_a, y_b, lam, False
 
 
 def _write_base_model(out_dir: Path, model: FSCILModel, cfg, pack: ImagePack, input_size: int, result: dict) -> None:
@@ -160,11 +158,11 @@ def derive_base_model(cfg, twin_dir: Path, pack_path: Path, out_dir: Path) -> di
 
 
 def base_loss(head, base_cfg, logits: torch.Tensor, aux_logits: torch.Tensor | None, y_a: torch.Tensor,
-              y_b: torch.Tensor, lam: torch.Tensor, mixed: torch.Tensor, weights: tuple | None = None) -> torch.Tensor:
+              y_b: torch.Tensor, lam: torch.Tensor, mixed: bool, weights: tuple | None = None) -> torch.Tensor:
     """One batch's loss of eq. optim_base: the head's loss on the mixed targets in the form base.mix_loss names (DR
     x base.dr_scale for the ETF head, weighted by base.dr_weighting: `weights`, computed on the global batch), plus
     base.backbone_ce x cross-entropy of the auxiliary head on the same targets (ours; aux_logits None: off). mixed:
-    a 0-dim tensor, 1 when the batch was mixed (the batch says so: `_base_batch`)."""
+    whether the batch was mixed (the batch says so: `_base_batch`)."""
     loss = BASE_MIX_LOSSES[base_cfg.mix_loss](head.loss, logits, y_a, y_b, lam, mixed,
                                                scale=head.loss_scale(base_cfg.dr_scale), weights=weights)
     if aux_logits is not None:
@@ -183,12 +181,14 @@ class BasePlan(NamedTuple):
     """How base training walks the images: `passes` seeded passes, each over base.repeat copies of the images
     (`rows` of them, padded to whole device groups when the last batch is kept), in `steps` batches of
     base.batch_size, the last one smaller unless base.drop_last; `groups` device groups in a batch
-    (base.batch_size / base.device_batch, or 1)."""
+    (base.batch_size / base.device_batch, or 1); `images` the rows a pass trains on (fewer than `rows` under
+    drop_last)."""
 
     passes: int
     steps: int
     rows: int
     groups: int
+    images: int
 
     @property
     def total_steps(self) -> int:
@@ -204,7 +204,7 @@ def base_plan(base_cfg, images: int) -> BasePlan:
     else:  # the authors' sampler: every row once, padded (with the first rows of the pass) to whole groups
         rows = -(-rows // groups) * groups
         steps = -(-rows // base_cfg.batch_size)
-    return BasePlan(base_cfg.epochs // base_cfg.repeat, steps, rows, groups)
+    return BasePlan(base_cfg.epochs // base_cfg.repeat, steps, rows, groups, min(steps * base_cfg.batch_size, rows))
 
 
 class BaseRun(NamedTuple):
@@ -344,11 +344,12 @@ def train_epoch(cfg, run: BaseRun, p: int, device, show_progress: bool) -> tuple
 
 
 def finish_base(cfg, run: BaseRun, pack: ImagePack, device, history: list[float], out_dir: Path | None,
-                started: float, rates: list[float] | None = None) -> dict:
+                started: float, durations: list[float] | None = None) -> dict:
     """After the last epoch (history: each pass's mean loss): the not-learning check (on a whole schedule only),
     precise BatchNorm when asked, and on the main process the base-class test accuracy and the written model
-    (model.safetensors + metrics.json). rates: the training images per second of the passes run in this process
-    (their median is reported, and the seconds an epoch takes at it)."""
+    (model.safetensors + metrics.json). durations: the seconds of each pass run in this process: the median
+    images per second is reported, and the median seconds an epoch takes after the first pass (its one-time
+    start-up costs: cuDNN autotuning, kernel compilation) where there are more."""
     epochs = len(history) * cfg.base.repeat  # base.epochs, or fewer under train_base's epoch_limit
     if epochs == cfg.base.epochs and not_learning(history):
         raise TrainingDiverged(f"base training: the mean loss of the last epoch ({history[-1]:.4g}) is not below "
@@ -371,16 +372,12 @@ def finish_base(cfg, run: BaseRun, pack: ImagePack, device, history: list[float]
               "epochs": epochs, "steps": len(history) * run.plan.steps,
               "world_size": run.group.world_size, "precise_bn_layers": recalibrated,
               "num_sessions": len(protocol.sessions), "seconds": round(time.time() - started, 2),
-              "images_per_second": round(float(np.median(rates)), 1) if rates else None,
-              "seconds_per_epoch": round(pass_images(cfg, run) / cfg.base.repeat / float(np.median(rates)), 3)
-              if rates else None}
+              "images_per_second": round(float(np.median([run.plan.images / d for d in durations])), 1)
+              if durations else None,
+              "seconds_per_epoch": round(float(np.median(durations[1:] or durations)) / cfg.base.repeat, 3)
+              if durations else None}
     _write_base_model(Path(out_dir), run.model, cfg, pack, run.preset.input_size, result)
     return result
-
-
-def pass_images(cfg, run: BaseRun) -> int:
-    """The training images one pass of `run` steps through (base.repeat epochs' worth)."""
-    return min(run.plan.steps * cfg.base.batch_size, run.plan.rows)
 
 
 def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path, *,
@@ -403,10 +400,10 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
         meta = {"kind": "base-resume", "config": config_digest(cfg), "data": pack.content_hash}
         ckpt = Path(checkpoint_dir) / RESUME_FILE
         start_epoch, rows = resume_point(ckpt, meta, run.model, run.aux_head, run.opt)
-        progress = ProgressLog("base", cfg.base.epochs, "epoch", start=start_epoch, enabled=group.is_main)
-        rates: list[float] = []  # training images per second of each pass run here
         repeat = cfg.base.repeat
         passes = run.plan.passes if epoch_limit is None else min(run.plan.passes, -(-epoch_limit // repeat))
+        progress = ProgressLog("base", passes * repeat, "epoch", start=start_epoch, enabled=group.is_main)
+        durations: list[float] = []  # seconds of each pass run here
         for p in range(start_epoch // repeat, passes):
             epoch_started = time.perf_counter()
             loss, accuracy = train_epoch(cfg, run, p, device, show_progress)
@@ -415,8 +412,8 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
             rows.append({"epoch": done, "loss": loss, "lr": lr, "train_acc": accuracy})
             if group.is_main:
                 write_curve(curve, BASE_COLUMNS, rows)
-            rate = pass_images(cfg, run) / max(time.perf_counter() - epoch_started, 1e-9)
-            rates.append(rate)
+            durations.append(max(time.perf_counter() - epoch_started, 1e-9))
+            rate = run.plan.images / durations[-1]
             progress.update(done, loss=f"{loss:.4f}", lr=f"{lr:.4g}",
                             **{"img/s": f"{rate:.0f}"})
             if group.is_main and (done % cfg.base.checkpoint_every == 0 or done == cfg.base.epochs):
@@ -424,7 +421,7 @@ def train_base(cfg, pack_path: Path, out_dir: Path | None, checkpoint_dir: Path,
             barrier(group)
             if stop_after_epoch is not None and done >= stop_after_epoch:
                 return {}
-        result = finish_base(cfg, run, pack, device, [row["loss"] for row in rows], out_dir, started, rates)
+        result = finish_base(cfg, run, pack, device, [row["loss"] for row in rows], out_dir, started, durations)
         barrier(group)
     cleanup(group)
     return result
