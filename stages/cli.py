@@ -209,9 +209,7 @@ def config_show(keys: Annotated[list[str] | None, typer.Argument(
     """Print the configuration that runs: params.yaml and -S over its preset and variant."""
     import dataclasses
 
-    import yaml
-
-    from pipeline.config import flatten
+    from pipeline.config import dump_yaml, flatten
 
     cfg = _config(params, overrides)
     shown = {**cfg.to_dict(), "selection": dataclasses.asdict(_selection(params, overrides))}
@@ -222,7 +220,7 @@ def config_show(keys: Annotated[list[str] | None, typer.Argument(
             fail(f"no key {', '.join(unknown)} (`fscil config keys` lists them)")
         values = {v: x for v, x in values.items() if any(v == k or v.startswith(f"{k}.") for k in keys)}
     if not origin and not keys:
-        typer.echo(yaml.safe_dump(shown, sort_keys=False))
+        typer.echo(dump_yaml(shown))
         return
     width = min(48, max(len(f"{k}: {_value(v)}") for k, v in values.items()))
     for key, value in values.items():

@@ -13,7 +13,9 @@ from pipeline.config.layers import (
     available_presets,
     available_variants,
     describe_file,
+    dump_yaml,
     flatten,
+    load_yaml_text,
     nest,
     read_preset,
     read_yaml,
@@ -37,6 +39,7 @@ from pipeline.config.run import (
 __all__ = [
     "LAYERS", "PRESET_DIR", "SECTIONS", "RUN_SECTION_TYPES", "STAGE_KEYS", "TOOL_SECTIONS", "VARIANT_DIR", "Config",
     "available_presets", "available_variants", "build_config", "check_against_data", "check_combination",
-    "check_session_map", "check_sessions_match", "describe_file", "flatten", "load_config", "nest",
+    "check_session_map", "check_sessions_match", "describe_file", "dump_yaml", "flatten", "load_config",
+    "load_yaml_text", "nest",
     "preset_model_config", "read_preset", "read_yaml", "resolve_params", "run_values", "session_map", "variant_keys",
 ]

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pipeline.config.sections import RUN_SECTION_TYPES, TopLevel
 from pipeline.errors import FSCILError
 
@@ -49,20 +47,47 @@ def available_variants() -> list[str]:
     return sorted(p.stem for p in VARIANT_DIR.glob("*.yaml"))
 
 
+def load_yaml_text(text: str) -> Any:
+    """YAML as DVC reads and writes params.yaml: YAML 1.2 (ruamel.yaml's safe loader, `dvc exp run -S` writes
+    `1e-05`), where `1e-5`, `5e-4` and `1.0e-05` are numbers (YAML 1.1, PyYAML's, reads the first two as strings) and
+    `yes` / `no` are strings. A duplicated key is an error, not the last value."""
+    from ruamel.yaml import YAML
+
+    return YAML(typ="safe", pure=True).load(text)
+
+
+def dump_yaml(values: dict[str, Any]) -> str:
+    """`values` as YAML 1.2 in their own key order, the way DVC writes params.yaml (`1e-05`, not PyYAML's `1.0e-05`):
+    what `fscil config show` prints reads back the same through `load_yaml_text`."""
+    import io
+
+    from ruamel.yaml import YAML
+
+    yaml = YAML(typ="safe", pure=True)
+    yaml.default_flow_style = False
+    yaml.sort_base_mapping_type_on_output = False
+    out = io.StringIO()
+    yaml.dump(values, out)
+    return out.getvalue()
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
-    """A YAML mapping from `path`; a missing or unreadable file or a syntax error is one line naming the line."""
+    """A YAML mapping from `path` (`load_yaml_text`); a missing or unreadable file or a syntax error is one line
+    naming the line."""
+    from ruamel.yaml import YAMLError
+
     try:
-        values = yaml.safe_load(Path(path).read_text()) or {}
+        values = load_yaml_text(Path(path).read_text()) or {}
     except FileNotFoundError:
         raise FSCILError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise FSCILError(f"{path}: is a directory, not a YAML file") from None
     except (OSError, UnicodeDecodeError) as err:
         raise FSCILError(f"{path}: cannot be read ({err.__class__.__name__})") from None
-    except yaml.YAMLError as err:
+    except YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        problem = getattr(err, "problem", None) or str(err).strip().splitlines()[0]
         raise FSCILError(f"{path}: not valid YAML ({where}{problem})") from None
     if not isinstance(values, dict):
         raise FSCILError(f"{path}: expected a mapping at the top level")
@@ -156,20 +181,36 @@ def flatten(values: dict[str, Any], where: str, top: bool = True) -> dict[str, A
     return out
 
 
+REMOVED = object()
+"""The value of a `-S ~key` override: the key is taken out of the params file's layer (the layers below set it)."""
+
+
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """`-S section.key=value` (also `+key=value` / `++key=value`, as `dvc exp run -S` writes keys new to params.yaml):
-    {dotted key: value}, each value read as YAML (`null`, numbers, `[1, 2]`, strings)."""
+    """`-S` overrides read with the grammar `dvc exp run -S` uses (hydra's override parser), so that a value means
+    in `fscil` what it means in DVC: `key=value` (numbers such as `1e-5`, `null`, `[1, 2]`, quoted strings),
+    `+key=value` / `++key=value` (a key new to params.yaml: the same here), `~key` (the key out of the params file:
+    {dotted key: REMOVED}). A sweep (`key=1,2`) is refused: one run takes one value."""
+    if not overrides:  # hydra's parser costs ~0.2 s to import: not on the stages' usual path
+        return {}
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
     out: dict[str, Any] = {}
     for item in overrides:
-        key, sep, text = item.lstrip("+").partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise FSCILError(f"-S {item}: expected section.key=value (e.g. -S incremental.lambda1=50)")
         try:
-            value = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError:
-            raise FSCILError(f"-S {item}: the value is not valid YAML") from None
-        out[key] = value
+            (parsed,) = parser.parse_overrides([item])
+        except HydraException as err:
+            hint = " (quote a value with special characters: key='value')" if "=" in item else ""
+            raise FSCILError(f"-S {item}: expected section.key=value as dvc exp run -S reads it, e.g. "
+                             f"-S incremental.lambda1=50{hint}: {str(err).strip().splitlines()[0]}") from None
+        if parsed.is_sweep_override():
+            raise FSCILError(f"-S {item}: a sweep of several values; one run takes one value "
+                             "(dvc exp run --queue -S runs one experiment a value)")
+        key = parsed.key_or_group
+        if parsed.package is not None:
+            raise FSCILError(f"-S {item}: expected section.key=value (no @package)")
+        out[key] = REMOVED if parsed.is_delete() else parsed.value()
     nested: dict[str, Any] = {}
     for key, value in out.items():
         section, dot, sub = key.partition(".")
@@ -235,6 +276,10 @@ def resolve_params(params: dict[str, Any], overrides: list[str] | tuple[str, ...
         raise FSCILError(f"{source}: expected a mapping at the top level")
     user = flatten(params, source)
     cli = parse_overrides(overrides)
+    for key in [k for k, v in cli.items() if v is REMOVED]:  # -S ~key: the params file's value taken out
+        if key not in user:
+            raise FSCILError(f"-S ~{key}: {source} does not set {key}, so there is nothing to remove")
+        del user[key], cli[key]
     chosen = {**user, **cli}
     chain = preset_chain(chosen.get("preset", TOP_DEFAULTS["preset"]))
     variant = chosen.get("variant", TOP_DEFAULTS["variant"])
