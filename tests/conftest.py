@@ -3,11 +3,20 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import torch
 
-from stages.paths import StagePaths
-from tests.pipeline_fixtures import run_pipeline, write_params
-from tests.selection_fixtures import prepared_pack
+from pipeline.portable import pin_cpu_kernels
+
+# The suite computes what the pipeline computes: the CPU kernels pinned as `fscil` and the stage modules pin them,
+# before torch is first imported (pin_cpu_kernels refuses to come later), and inherited by every subprocess a test
+# starts. A test that needs native kernels sets them itself (tests/test_portable.py); FSCIL_CPU_KERNELS=native in
+# the environment runs the whole suite on this CPU's own paths.
+pin_cpu_kernels()
+
+import torch  # noqa: E402  (after the pin)
+
+from stages.paths import StagePaths  # noqa: E402
+from tests.pipeline_fixtures import run_pipeline, write_params  # noqa: E402
+from tests.selection_fixtures import prepared_pack  # noqa: E402
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 REPO = Path(__file__).resolve().parents[1]
