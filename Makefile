@@ -4,22 +4,25 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install repro kernels test test-cuda lint gpu-wheels deps
+.PHONY: install repro kernels test test-cuda lint gpu-wheels deps lock
 
+# Every package is installed at the version requirements.lock names (made by `make lock` from pyproject.toml's direct
+# pins and constraints.txt), so an install gives the same environment on any day.
 # torch is pinned through constraints.txt to the local CPU build (an unpinned torch pulls CUDA wheels);
 # torchvision's CUDA build is made importable by pipeline/compat/torchvision_cpu.py (a lazy .pth hook).
 # uv installs the same pins as pip in ~30 s instead of ~75 s; where uv cannot be had, pip does it. Bytecode is
 # compiled at install: with PYTHONDONTWRITEBYTECODE set, every stage would otherwise compile torch again (~6 s).
 FIND_LINKS := $(shell $(PY) -m pip config get global.find-links 2>/dev/null)
+LOCK := requirements.lock
 UV_PIP = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
 install:
 	$(PY) -m venv $(VENV)
 	if $(BIN)/pip install -q uv==0.13.9; then \
-	  $(UV_PIP) -c constraints.txt torch==2.13.0 torchvision==0.28.0 --no-deps && \
-	  $(UV_PIP) -c constraints.txt -e ".[dev]"; \
+	  $(UV_PIP) -c $(LOCK) torch torchvision --no-deps && \
+	  $(UV_PIP) -c $(LOCK) -e ".[dev]"; \
 	else \
-	  $(BIN)/pip install -q -c constraints.txt torch==2.13.0 torchvision==0.28.0 --no-deps && \
-	  $(BIN)/pip install -q -c constraints.txt -e ".[dev]"; \
+	  $(BIN)/pip install -q -c $(LOCK) torch torchvision --no-deps && \
+	  $(BIN)/pip install -q -c $(LOCK) -e ".[dev]"; \
 	fi
 	$(BIN)/python -m pipeline.compat.torchvision_cpu --install
 	$(BIN)/python -c "import timm, torch, zarr, h5py, dvc, typer, pandas; print('environment ok: torch', torch.__version__, 'timm', timm.__version__)"
@@ -29,16 +32,16 @@ repro: $(BIN)/fscil
 	PATH="$(CURDIR)/$(BIN):$$PATH" DVC_NO_ANALYTICS=1 $(BIN)/dvc repro
 	@echo "metrics: metrics.json (per-session table: data/report/sessions.csv)"
 
-# a changed dependency list (pyproject.toml, constraints.txt) installs again
-$(BIN)/fscil: pyproject.toml constraints.txt
+# a changed dependency list (pyproject.toml, constraints.txt, the lock) installs again
+$(BIN)/fscil: pyproject.toml constraints.txt $(LOCK)
 	$(MAKE) install
 	touch $@
 
 # the kernel tests need triton (~1 GB): installed for the tests, not for `make repro`
 kernels: $(BIN)/fscil
 	$(BIN)/python -c "import triton" 2>/dev/null || \
-	  if [ -x $(BIN)/uv ]; then $(UV_PIP) -c constraints.txt -e ".[dev,kernels]"; \
-	  else $(BIN)/pip install -q -c constraints.txt -e ".[dev,kernels]"; fi
+	  if [ -x $(BIN)/uv ]; then $(UV_PIP) -c $(LOCK) -e ".[dev,kernels]"; \
+	  else $(BIN)/pip install -q -c $(LOCK) -e ".[dev,kernels]"; fi
 
 test: kernels
 	$(BIN)/ruff check .
@@ -61,3 +64,11 @@ deps: $(BIN)/fscil
 gpu-wheels: $(BIN)/fscil
 	$(BIN)/pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
 	  --platform manylinux2014_x86_64 -d .ci/wheels "zarr==$$($(BIN)/python -c 'import zarr; print(zarr.__version__)')"
+
+# requirements.lock again from pyproject.toml (a direct dependency's pin changed) and constraints.txt: every package
+# under them resolved to one version for this Python; commit the result (README "Install and run")
+lock:
+	test -x $(BIN)/uv || { $(PY) -m venv $(VENV) && $(BIN)/pip install -q uv==0.13.9; }
+	$(BIN)/uv pip compile -q pyproject.toml --extra dev --extra kernels -c constraints.txt \
+	  $(if $(FIND_LINKS),--find-links $(FIND_LINKS)) --python $(BIN)/python --no-header -o $(LOCK)
+	sed -i '1i # Every package at one version: made by `make lock` from pyproject.toml and constraints.txt (README).' $(LOCK)
