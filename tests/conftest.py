@@ -15,6 +15,7 @@ pin_cpu_kernels()
 import torch  # noqa: E402  (after the pin)
 
 from stages.paths import StagePaths  # noqa: E402
+from tests.headroom import TEST_SEED  # noqa: E402
 from tests.pipeline_fixtures import run_pipeline, write_params  # noqa: E402
 from tests.selection_fixtures import prepared_pack  # noqa: E402
 
@@ -50,7 +51,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(autouse=True)
 def _seeded():
-    torch.manual_seed(0)
+    torch.manual_seed(TEST_SEED)
     yield
 
 

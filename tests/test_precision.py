@@ -13,6 +13,7 @@ from pipeline.errors import FSCILError
 from pipeline.models.fscil import build_head
 from pipeline.precision import autocast
 from pipeline.training.session_step import train_step
+from tests.headroom import learned
 from tests.pipeline_fixtures import NUM_SESSIONS, TINY_PARAMS, run_pipeline, write_params
 
 
@@ -75,4 +76,4 @@ def test_bf16_pipeline_runs_end_to_end_and_stores_float32_maps(tmp_path, tiny_ru
     exact = json.loads((tiny_run[0] / "metrics.json").read_text())
     assert len(metrics["sessions"]) == NUM_SESSIONS + 1
     assert all(0 <= v <= 100 for v in metrics["sessions"].values())
-    assert abs(metrics["base"] - exact["base"]) <= 25
+    learned("bf16.base_accuracy_off_float32", abs(metrics["base"] - exact["base"]), "<=", 25)

@@ -12,6 +12,7 @@ from pipeline.models.projector import PROJECTOR_KINDS, Projector
 from pipeline.models.ss2d import BranchDims, SS2DBranch, mamba_dt_bias
 from pipeline.ops.cross_scan import cross_merge, cross_scan
 from pipeline.ops.selective_scan import selective_scan
+from tests.headroom import TEST_SEED, learned
 
 
 def _dims(**widths) -> BranchDims:
@@ -75,10 +76,10 @@ def test_mamba_initialisation():
     dt = F.softplus(branch.dt_proj_bias)
     assert dt.min() >= 1e-4 - 1e-7 and dt.max() <= 0.1 + 1e-6
     assert branch.dt_proj_weight.abs().max() <= 3 ** -0.5
-    assert abs(branch.pos_embed.std().item() - 0.02) < 0.01
-    dt = F.softplus(mamba_dt_bias(10000, torch.Generator().manual_seed(0)))
+    learned("ss2d_init.pos_embed_std_error", abs(branch.pos_embed.std().item() - 0.02), "<", 0.01)
+    dt = F.softplus(mamba_dt_bias(10000, torch.Generator().manual_seed(TEST_SEED)))
     # dt = exp(U(log 1e-3, log 1e-1)): log-uniform, so its median is 1e-2
-    assert abs(dt.median().log10().item() + 2) < 0.05
+    learned("ss2d_init.dt_median_log10_error", abs(dt.median().log10().item() + 2), "<", 0.05)
 
 
 def test_zero_initialised_gate_gives_zero_output():
@@ -195,15 +196,17 @@ def test_mlp_baseline_starts_at_the_ssm_output_scale(k):
     dims = _dims(dim=64, d_state=8, dt_rank=8, k_paths=k)
     grads = {}
     for name, cls in (("mlp", MLPBranch), ("ssm", SS2DBranch)):
-        torch.manual_seed(0)
+        torch.manual_seed(TEST_SEED)
         branch = cls(32, HW, dims, zero_init_gate=True)
         f = torch.randn(64, 32, *HW)
         x = F.silu(branch.conv(branch.in_proj(branch.p_mlp(f).flatten(2).transpose(1, 2) + branch.pos_embed)
                                .chunk(2, dim=-1)[0].transpose(1, 2).reshape(64, -1, *HW)))
         y, _ = branch.mix(x, HW)
         ratio = (y.pow(2).mean() / x.pow(2).mean()).sqrt().item()
-        assert k / 2 <= ratio <= 2 * k, (name, ratio)
+        learned(f"output_scale[{name},k={k}].ratio_over_k", ratio / k, ">=", 0.5)
+        learned(f"output_scale[{name},k={k}].ratio_over_k", ratio / k, "<=", 2.0)
         branch(f).sum().backward()
         grads[name] = branch.in_proj.weight.grad[dims.d_inner:].norm().item()  # p_z: the only non-zero gradient
         assert branch.in_proj.weight.grad[:dims.d_inner].abs().max() == 0
-    assert 0.4 <= grads["mlp"] / grads["ssm"] <= 2.5, grads
+    learned(f"first_grad[k={k}].mlp_over_ssm", grads["mlp"] / grads["ssm"], ">=", 0.4)
+    learned(f"first_grad[k={k}].mlp_over_ssm", grads["mlp"] / grads["ssm"], "<=", 2.5)
