@@ -25,7 +25,7 @@ from stages.cli_common import (
     _project_path,
     _run,
 )
-from stages.cli_tools import compare_runs, doctor, export, model_app, predict_images, show
+from stages.cli_tools import compare_runs, doctor, export, learn, model_app, predict_images, show
 from stages.entry import DEBUG, fail, one_line_errors, say
 
 app = typer.Typer(help="Mamba-FSCIL: few-shot class-incremental learning with a dual selective SSM projector.",
@@ -39,6 +39,7 @@ app.add_typer(model_app, name="model")
 app.add_typer(config_app, name="config")
 app.command("export")(export)
 app.command("predict")(predict_images)
+app.command("learn")(learn)
 app.command("compare")(compare_runs)
 app.command("doctor")(doctor)
 app.command("show")(show)

@@ -16,8 +16,10 @@ from stages.entry import fail
 model_app = typer.Typer(help="Inspect the model.", no_args_is_help=True, rich_markup_mode=None)
 
 
-def _trained(session: int | None, model: Path | None, params: Path, data_dir: Path, overrides: list[str] | None):
-    """The model of `session` of the run the params describe, or an exported file (`--model`)."""
+def _trained(session: int | None, model: Path | None, params: Path, data_dir: Path, overrides: list[str] | None,
+             learnable: bool = False):
+    """The model of `session` of the run the params describe, or an exported file (`--model`); learnable: with what
+    a further session needs (the feature store's class memory)."""
     from pipeline.training import apply
 
     if model is not None:
@@ -29,7 +31,7 @@ def _trained(session: int | None, model: Path | None, params: Path, data_dir: Pa
     cfg = _config(params, overrides)
     paths = _paths(data_dir)
     return _run("load", apply.load_session_model, cfg, paths.base, paths.pack, paths.data_dir / "sessions", session,
-                timed=False)
+                paths.features if learnable else None, timed=False)
 
 
 SessionOpt = Annotated[int | None, typer.Option("--session", "-s", help="The model after this session (0: base).")]
@@ -45,9 +47,40 @@ def export(out: Annotated[Path, typer.Argument(help="The .safetensors file to wr
     from pipeline.training import apply
 
     _run("export", claim_file, out, "fscil export", "a model file", apply.is_export, "model.safetensors", timed=False)
-    trained = _trained(session, None, params, data_dir, overrides)
+    trained = _trained(session, None, params, data_dir, overrides, learnable=True)
     _run("export", apply.export_model, trained, out, code_version(), timed=False)
     typer.echo(f"{out}: {apply.describe(trained)}")
+
+
+def learn(folder: Annotated[Path, typer.Argument(help="A class-folder tree: one folder per class, named by the "
+                                                       "class, a few images each.")],
+          out: Annotated[Path, typer.Option("--out", help="The model file to write (.safetensors).")],
+          session: SessionOpt = None,
+          model: Annotated[Path | None, typer.Option("--model", help="A model file (`fscil export`, `fscil learn`)."
+                                                     )] = None,
+          device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
+          params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"),
+          overrides: SetOpt = None) -> None:
+    """Teach the model of session N (--session) or a model file (--model) the classes of FOLDER: one incremental
+    session on their images (the pipeline's own session code, g_inc only, the backbone frozen), written as one model
+    file that `fscil predict --model` and a further `fscil learn --model` read."""
+    from pipeline.api import learn as learn_folder
+    from pipeline.atomic import claim_file
+    from pipeline.code_version import code_version
+    from pipeline.device import resolve_device
+    from pipeline.training import apply
+
+    if model is not None and out.resolve() == model.resolve():
+        fail(f"--out {out} is the input model: write the extended model to another file")
+    _run("learn", claim_file, out, "fscil learn", "a model file", apply.is_export, "model.safetensors", timed=False)
+    where = _run("learn", resolve_device, device, source="--device", timed=False)
+    trained = _trained(session, model, params, data_dir, overrides, learnable=True)
+    grown = _run("learn", learn_folder, trained, folder, where, timed=False, log=lambda line: typer.echo(line,
+                                                                                                        err=True))
+    _run("learn", apply.export_model, grown, out, code_version(), timed=False)
+    new = grown.num_seen - trained.num_seen
+    typer.echo(f"{out}: {grown.num_seen} classes known ({new} new: {', '.join(grown.class_names[-new:])}), "
+               f"session {grown.session}, {grown.meta['seconds']:.1f} s")
 
 
 def predict_images(images: Annotated[list[Path], typer.Argument(help="Image files or folders (searched recursively).")],

@@ -17,6 +17,7 @@ from pipeline.data.pack import ImagePack
 from pipeline.training.apply import export_model, load_exported, load_session_model, predict_arrays
 from pipeline.training.evaluate import session_metrics
 from stages.paths import StagePaths
+from tests.headroom import learned
 from tests.pipeline_fixtures import NUM_SESSIONS, cli, run_stage, write_params
 
 CPU = torch.device("cpu")
@@ -127,12 +128,16 @@ def test_predict_skips_unreadable_files_reports_them_and_fails_only_when_nothing
     assert result.exit_code == 2 and "no image files in" in result.output and result.output.count("\n") == 1
 
 
-def test_the_score_of_correct_images_stands_clearly_above_noise(tmp_path):
-    """The cosine the DR loss trains to 1 for the true class: test images the model gets right score far above
-    random-noise images (which the closed-set model must still give a class). A base model trained long enough to
-    classify (the shared tiny run's 3 epochs do not)."""
-    params = write_params(tmp_path / "params.yaml", base={"epochs": 40}, data={"train_per_class": 30},
-                          model={"backbone_widths": [16, 16, 32, 32], "dim": 32})
+def test_the_score_ranks_correct_predictions_above_wrong_ones(tmp_path):
+    """The cosine the DR loss trains to 1 for the true class is a confidence: on the test images, correct predictions
+    score high and above the wrong ones (their AUROC). A base model trained long enough to classify (the shared tiny
+    run's 3 epochs do not): the default run's widths on 8 classes. Random-noise images still get a class and a
+    cosine (a closed-set model); how high they score is no property of the method: measured over seeds it ranged
+    from far below the correct images' median to just under it (docs/research/test-headroom.md), so it is reported,
+    not asserted."""
+    params = write_params(tmp_path / "params.yaml", threads=1, base={"epochs": 30},
+                          data={"train_per_class": 60, "test_per_class": 16},
+                          model={"backbone_widths": [16, 32, 64, 128], "dim": 128})
     data = tmp_path / "data"
     run_stage("prepare", params, data)
     run_stage("base", params, data)
@@ -142,12 +147,14 @@ def test_the_score_of_correct_images_stands_clearly_above_noise(tmp_path):
         ids = pack.protocol.test_ids_seen(0, pack.labels)
         images, labels = pack.read_images(ids), pack.labels[ids]
     pred, scores = predict_arrays(trained, images, CPU)
-    right = scores[pred == labels]
+    right, wrong = scores[pred == labels], scores[pred != labels]
+    learned("apply.base_test_accuracy", np.mean(pred == labels), ">=", 0.5)  # four times chance (8 classes)
+    learned("apply.median_score_of_correct", np.median(right), ">=", 0.7)
+    auroc = (right[:, None] > wrong[None, :]).mean() + 0.5 * (right[:, None] == wrong[None, :]).mean()
+    learned("apply.auroc_correct_over_wrong", auroc, ">=", 0.7)
     noise = np.random.default_rng(0).integers(0, 256, size=(len(images), *images.shape[1:]), dtype=np.uint8)
-    _, noise_scores = predict_arrays(trained, noise, CPU)
-    assert len(right) >= len(labels) // 4, len(right)  # twice chance (8 classes)
-    assert np.median(right) > np.median(noise_scores) + 0.1, (np.median(right), np.median(noise_scores))
-    assert np.mean(right > np.median(noise_scores)) >= 0.8
+    noise_ids, noise_scores = predict_arrays(trained, noise, CPU)
+    assert np.all((noise_ids >= 0) & (noise_ids < trained.num_seen)) and np.all(np.abs(noise_scores) <= 1 + 1e-6)
 
 
 def test_a_linear_head_scores_by_its_softmax_probability():

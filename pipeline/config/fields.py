@@ -60,6 +60,13 @@ def choice(default: str, registry: Any) -> Any:
     return dataclasses.field(default=default, metadata={"choices": registry})
 
 
+def added_later(default: Any) -> Any:
+    """A field added after runs were stored: at its default it is left out of what a run records (data/config/
+    run.yaml, the DVC params, checkpoint digests), so those runs keep their bytes and DVC reruns nothing; a value
+    set to anything else is recorded as every other key is."""
+    return dataclasses.field(default=default, metadata={"added_later": True})
+
+
 def choices(f: dataclasses.Field) -> Any:
     """The registry a field's value must name, or None."""
     return f.metadata.get("choices")
@@ -87,9 +94,18 @@ class SectionConfig:
             raise FSCILError(f"params: unknown key {cls.section}.{unknown[0]} (valid: {', '.join(names)})")
         return cls(**values)
 
+    def values(self) -> dict[str, Any]:
+        """The section's values as a run records them: every field but an `added_later` one at its default."""
+        out = dataclasses.asdict(self)
+        for f in dataclasses.fields(self):
+            if f.metadata.get("added_later") and out[f.name] == f.default:
+                del out[f.name]
+        return out
+
     def digest_values(self) -> dict[str, Any]:
-        """The section's values as config digests hash them: every field (a new key changes every digest once)."""
-        return dataclasses.asdict(self)
+        """The section's values as config digests hash them: `values` (a new key changes every digest once, unless
+        it is `added_later`)."""
+        return self.values()
 
     def check_types(self) -> None:
         hints = typing.get_type_hints(type(self))

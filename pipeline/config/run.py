@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ class Config(TopLevel):
             del out["deterministic"], out["scan"]  # a CPU run reads neither (stored runs keep their keys)
         for name in SECTIONS:
             section = getattr(self, name)
-            out[name] = section.digest_values() if for_digest else dataclasses.asdict(section)
+            out[name] = section.digest_values() if for_digest else section.values()
         return out
 
 
@@ -80,6 +79,19 @@ def session_map(count: int, data_dir: str = "data") -> dict[str, str]:
             for n in range(1, count + 1)}
 
 
+def config_from_values(values: dict[str, Any]) -> Config:
+    """The Config of a run from its recorded values (`Config.to_dict`, as a model file keeps them), validated."""
+    try:
+        return _build({**values, "sessions": values.get("sessions")})
+    except (KeyError, TypeError) as err:
+        raise FSCILError(f"the recorded run values cannot be read as a config ({err})") from None
+
+
+def head_classes(cfg: Config, protocol) -> int:
+    """The classes the head is built for at base training: model.num_classes, or the protocol's total (null)."""
+    return cfg.model.num_classes or protocol.num_classes
+
+
 def check_session_map(sessions: Any) -> dict[str, str] | None:
     """Validate params.yaml `sessions` (None when absent): quoted keys "1".."N", each with its predecessor."""
     if sessions is None:
@@ -102,9 +114,12 @@ def check_against_data(cfg: Config, protocol) -> None:
     """Every combination of the config and the data's protocol that could not run, as a one-line error naming the key
     (called by stages prepare and base, once the class count is known, never after work has started)."""
     num_classes, num_incremental = protocol.num_classes, protocol.num_incremental
+    check(cfg.model.num_classes is None or cfg.model.num_classes >= num_classes, "model", "num_classes",
+          f"must be >= the {num_classes} classes of the data (or null), got {cfg.model.num_classes}")
     if cfg.model.classifier == "etf":
-        check(num_classes <= cfg.model.dim, "model", "dim",
-              f"must be >= the {num_classes} classes of the data for an ETF classifier (it is {cfg.model.dim}); "
+        room = head_classes(cfg, protocol)
+        check(room <= cfg.model.dim, "model", "dim",
+              f"must be >= the {room} classes the head has room for with an ETF classifier (it is {cfg.model.dim}); "
               "raise it or set model.classifier linear")
     check(num_classes >= 2, "data", "dataset", f"has {num_classes} class; FSCIL needs at least 2")
     base_train = len(protocol.sessions[0].train_ids)

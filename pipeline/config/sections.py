@@ -10,7 +10,7 @@ import typing
 from dataclasses import dataclass, field
 
 from pipeline.config.data_section import DataConfig
-from pipeline.config.fields import SectionConfig, check, choice
+from pipeline.config.fields import SectionConfig, added_later, check, choice
 from pipeline.errors import FSCILError
 from pipeline.losses.registry import (
     BASE_MIX_LOSSES,
@@ -69,6 +69,9 @@ class ModelConfig(SectionConfig):
     authors' code; docs/deviations.md)."""
     classifier: str = choice("etf", HEADS)
     """The classifier head and the loss it trains with."""
+    num_classes: int | None = added_later(None)
+    """Classes the head has room for, fixed at base training (null: the data's protocol total). More leaves ETF
+    vertices free for `fscil learn` to give the user's own classes."""
 
     def __post_init__(self):
         self.check_types()
@@ -77,6 +80,7 @@ class ModelConfig(SectionConfig):
             check(getattr(self, key) >= 1, "model", key, "must be >= 1")
         check(self.d_conv is None or self.d_conv >= 1, "model", "d_conv", "must be >= 1 or null")
         check(self.k_paths in (1, 2, 4), "model", "k_paths", "must be 1, 2 or 4")
+        check(self.num_classes is None or self.num_classes >= 2, "model", "num_classes", "must be >= 2 or null")
         check(self.mlp_layers in (2, 3), "model", "mlp_layers", "must be 2 or 3")
         check(self.inc_mlp_layers in (None, 2, 3), "model", "inc_mlp_layers", "must be 2, 3 or null")
         check(self.d_conv is None or self.d_conv % 2 == 1 or (self.ssm_branch == "mamba_1d" and self.projector in (

@@ -22,9 +22,12 @@ from pipeline.errors import FSCILError
 from pipeline.models.classifier import Head
 from pipeline.models.fscil import FSCILModel, build_model
 from pipeline.models.registry import HEADS
+from pipeline.store.feature_store import FeatureStore
+from pipeline.store.memory import ClassMemory
 from pipeline.training.base_model import config_digest, config_stamp, load_base_model
 from pipeline.training.checkpoint import load_checkpoint, prefixed, read_metadata, save_checkpoint, unprefixed
 from pipeline.training.incremental_session import SECTIONS, STATE_FILE, load_session_state, session_rerun
+from pipeline.training.learn import LearnState
 
 EXPORT_KIND = "fscil-export"
 
@@ -40,6 +43,9 @@ class TrainedModel:
     """The image preset (normalisation) the images were trained under, at `image_size`."""
     image_size: int
     meta: dict
+    learn: LearnState | None = None
+    """What a further session needs (`fscil learn`): the run's values and the class memory; None in a file
+    exported before `fscil learn` existed."""
 
     @property
     def mode(self) -> str:
@@ -50,10 +56,12 @@ class TrainedModel:
         return HEADS[self.meta["model"]["classifier"]]
 
 
-def load_session_model(cfg, base_dir: Path, pack_path: Path, sessions_dir: Path, session: int) -> TrainedModel:
+def load_session_model(cfg, base_dir: Path, pack_path: Path, sessions_dir: Path, session: int,
+                       store_path: Path | None = None) -> TrainedModel:
     """The model of session `session` (0: the base model) of the run `cfg` describes, from the stage outputs; a
-    checkpoint made by other params is refused."""
-    model, base_meta, _ = load_base_model(cfg, base_dir)
+    checkpoint made by other params is refused. With `store_path` (the feature store), also what a further session
+    needs (`LearnState`: `fscil learn`, and exports that learn)."""
+    model, base_meta, base_sha = load_base_model(cfg, base_dir)
     if not Path(pack_path).is_file():
         raise FSCILError(f"{pack_path}: image pack not found (its class names are needed); run `fscil stage prepare`")
     with ImagePack.open(pack_path) as pack:
@@ -61,7 +69,7 @@ def load_session_model(cfg, base_dir: Path, pack_path: Path, sessions_dir: Path,
         num_base = len(pack.protocol.sessions[0].classes)
     if not 0 <= session < num_sessions:
         raise FSCILError(f"--session {session}: this run has sessions 0 (base) to {num_sessions - 1}")
-    num_seen, meta = num_base, {"config": config_digest(cfg)}
+    num_seen, meta, state = num_base, {"config": config_digest(cfg)}, None
     if session > 0:
         path = Path(sessions_dir) / f"session_{session}" / STATE_FILE
         if not path.is_file():
@@ -71,20 +79,42 @@ def load_session_model(cfg, base_dir: Path, pack_path: Path, sessions_dir: Path,
                                       session_rerun(session))
         load_session_state(model.projector, model.classifier, state, cfg, session)
         num_seen = int(meta["num_seen"])
+    learn = None if store_path is None else learn_state(cfg, store_path, session, state, base_meta, base_sha)
     return TrainedModel(model.eval(), session, num_seen, names[:num_seen], base_meta["preset"],
                         int(base_meta["input_size"]), {"model": dataclasses.asdict(cfg.model), **meta,
-                                                       "num_classes": int(base_meta["num_classes"])})
+                                                       "num_classes": int(base_meta["num_classes"])}, learn)
+
+
+def learn_state(cfg, store_path: Path, session: int, state: dict | None, base_meta: dict, base_sha: str
+                ) -> LearnState:
+    """The run's `LearnState` after session `session`: the store's base memory (the store must be this base
+    model's), the session state's memory, the stored shots of sessions 1..session."""
+    if not Path(store_path).exists():
+        raise FSCILError(f"{store_path}: feature store not found (its class memory is needed); run `fscil stage "
+                         "extract` (or dvc repro)")
+    store = FeatureStore.open(store_path, pack_hash=base_meta["data"], checkpoint_sha256=base_sha)
+    base_maps, base_classes = store.base_memory()
+    memory = ClassMemory.empty(store.map_shape) if state is None else ClassMemory.from_tensors(state)
+    shots, shot_labels = store.shots_before(session + 1)
+    deviations = store.base_deviations() if cfg.incremental.deviation_prob > 0 else None
+    return LearnState({**cfg.to_dict(), "sessions": cfg.sessions}, base_maps, base_classes, memory, shots,
+                      shot_labels, deviations)
 
 
 def export_model(trained: TrainedModel, path: Path, code_version: str) -> None:
     """One safetensors file holding every tensor of the session's model and what `load_exported` needs: the model
     section, classes seen (names), image preset and size, session, config digest and the code version."""
     model_cfg = {**trained.meta["model"], "pretrained": None, "pretrained_sha256": None}  # the weights are here
-    save_checkpoint(path, prefixed(trained.model.state_dict(), "model"), {
+    tensors = prefixed(trained.model.state_dict(), "model")
+    extra = {}
+    if trained.learn is not None:  # what `fscil learn` needs for a further session
+        tensors.update(trained.learn.to_tensors())
+        extra["run"] = trained.learn.run
+    save_checkpoint(path, tensors, {
         "kind": EXPORT_KIND, "session": trained.session, "num_seen": trained.num_seen,
         "num_classes": trained.meta["num_classes"], "class_names": trained.class_names, "model": model_cfg,
         "preset": trained.preset, "image_size": trained.image_size, "config": trained.meta["config"],
-        "code_version": code_version})
+        "code_version": code_version, **extra})
 
 
 def is_export(path: Path) -> bool:
@@ -125,7 +155,8 @@ def load_exported(path: Path) -> TrainedModel:
     except RuntimeError as err:
         raise FSCILError(f"{path}: its tensors do not fit its model section ({str(err).splitlines()[0]})") from None
     return TrainedModel(model.eval(), int(meta["session"]), int(meta["num_seen"]), list(meta["class_names"]),
-                        meta["preset"], int(meta["image_size"]), meta)
+                        meta["preset"], int(meta["image_size"]), meta, LearnState.from_tensors(tensors,
+                                                                                                meta.get("run")))
 
 
 def image_files(inputs: list[Path]) -> list[Path]:
@@ -170,6 +201,22 @@ def predict_files(trained: TrainedModel, files: list[Path], device: torch.device
     """One row per file: path, class id, class name, its score (column `cosine` or `probability`:
     `TrainedModel.head.score`) and `skipped` (empty, or why the file was not predicted: unreadable or not an image).
     The readable files are predicted whatever the others are; none readable is a one-line error."""
+    images, extents, skipped = decode_images(trained, files)
+    if images is None:
+        first = next(iter(skipped.values()))
+        raise FSCILError(f"none of the {len(files)} files could be read as an image (first: {first})")
+    ids, scores = predict_arrays(trained, images, device, extents=extents)
+    done = {f: (int(i), float(s)) for f, i, s in zip([f for f in files if f not in skipped], ids, scores,
+                                                     strict=True)}
+    columns = prediction_columns(trained)
+    return [dict(zip(columns, (str(f), done[f][0], trained.class_names[done[f][0]], round(done[f][1], 6), "")
+                     if f in done else (str(f), None, None, None, skipped[f]), strict=True)) for f in files]
+
+
+def decode_images(trained: TrainedModel, files: list[Path]) -> tuple[np.ndarray | None, np.ndarray | None, dict]:
+    """The readable files as the model's pack stores images (any mode converted to RGB, resized as the preset
+    says): (images (N, S, S, 3) uint8 or None when none is readable, their extents (shorter_side view) or None,
+    {unreadable file: why})."""
     preset = get_preset(trained.preset, trained.image_size)
     loaded, skipped = {}, {}
     for f in files:
@@ -183,15 +230,10 @@ def predict_files(trained: TrainedModel, files: list[Path], device: torch.device
         else:
             loaded[f] = (fit_square(img, trained.image_size), None)
     if not loaded:
-        first = next(iter(skipped.values()))
-        raise FSCILError(f"none of the {len(files)} files could be read as an image (first: {first})")
+        return None, None, skipped
     images = np.stack([image for image, _ in loaded.values()])
     extents = None if preset.view != "shorter_side" else np.array([size for _, size in loaded.values()])
-    ids, scores = predict_arrays(trained, images, device, extents=extents)
-    done = {f: (int(i), float(s)) for f, i, s in zip(loaded, ids, scores, strict=True)}
-    columns = prediction_columns(trained)
-    return [dict(zip(columns, (str(f), done[f][0], trained.class_names[done[f][0]], round(done[f][1], 6), "")
-                     if f in done else (str(f), None, None, None, skipped[f]), strict=True)) for f in files]
+    return images, extents, skipped
 
 
 def describe(trained: TrainedModel) -> str:

@@ -24,6 +24,7 @@ from torch import nn
 from tqdm import tqdm
 
 from pipeline.atomic import atomic_output
+from pipeline.config.run import head_classes
 from pipeline.data.augment import pack_batch, test_transform, train_augment
 from pipeline.data.mixing import mixup_cutmix
 from pipeline.data.pack import ImagePack
@@ -136,7 +137,7 @@ def _write_base_model(out_dir: Path, model: FSCILModel, cfg, pack: ImagePack, in
     save_checkpoint(out_dir / MODEL_FILE, model.state_dict(), {
         "kind": "base-model", **config_stamp(cfg), "data": pack.content_hash,
         "model": cfg.to_dict()["model"], "input_size": input_size, "preset": pack.preset,
-        "num_classes": pack.protocol.num_classes, "seed": cfg.seed,
+        "num_classes": head_classes(cfg, pack.protocol), "seed": cfg.seed,
     })
     write_metrics(out_dir / "metrics.json", result)
 
@@ -249,7 +250,7 @@ def base_run(cfg, pack: ImagePack, device, group) -> BaseRun:
     group.local_slice(cfg.base.batch_size)  # the global batch splits evenly, or a one-line error
     plan = base_plan(cfg.base, len(train_ids))
     _check_plan(plan, cfg.base, group.world_size)
-    model = build_model(cfg.model, protocol.num_classes, preset.input_size, seed=cfg.seed).to(device)
+    model = build_model(cfg.model, head_classes(cfg, protocol), preset.input_size, seed=cfg.seed).to(device)
     memory_format(model.backbone, cfg.precision)
     model.backbone.freeze_for_base_training()
     if model.projector.g_inc is not None:
