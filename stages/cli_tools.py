@@ -47,9 +47,13 @@ def export(out: Annotated[Path, typer.Argument(help="The .safetensors file to wr
     from pipeline.training import apply
 
     _run("export", claim_file, out, "fscil export", "a model file", apply.is_export, "model.safetensors", timed=False)
-    trained = _trained(session, None, params, data_dir, overrides, learnable=True)
+    learnable = _paths(data_dir).features.exists()
+    trained = _trained(session, None, params, data_dir, overrides, learnable=learnable)
     _run("export", apply.export_model, trained, out, code_version(), timed=False)
     typer.echo(f"{out}: {apply.describe(trained)}")
+    if not learnable:
+        typer.echo(f"note: no feature store in {data_dir}: the file predicts but cannot learn new classes (`fscil "
+                   "learn`); run `fscil stage extract` and export again for that", err=True)
 
 
 def learn(folder: Annotated[Path, typer.Argument(help="A class-folder tree: one folder per class, named by the "

@@ -149,6 +149,26 @@ def session_config(cfg: Config, session: int) -> Config:
     return dataclasses.replace(cfg, incremental=dataclasses.replace(inc, **fixed)) if fixed else cfg
 
 
+def start_session(projector, classifier, previous: int, inc, num_seen: int, device, seed: int):
+    """Projector and classifier as the pipeline starts a session after session `previous`
+    (`incremental_session.start_session`); a linear head grown by rows to `num_seen` (the new rows drawn from
+    `seed`). Returns the classifier."""
+    if previous >= 1:
+        projector.set_sessions(previous + 1)  # the expanding baseline: a new zero-gated branch
+    elif inc.inc_init == "base":
+        projector.start_inc_from_base()
+    if inc.freeze_base:
+        projector.freeze_base()
+    if isinstance(classifier, LinearClassifier) and classifier.fc.out_features < num_seen:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            grown = LinearClassifier(classifier.fc.in_features, num_seen).to(device)
+        grown.fc.weight.data[:classifier.fc.out_features] = classifier.fc.weight.data
+        grown.fc.bias.data[:classifier.fc.out_features] = classifier.fc.bias.data
+        return grown
+    return classifier
+
+
 @torch.no_grad()
 def shot_maps(cfg: Config, backbone, preset, images: np.ndarray, extents: np.ndarray | None, device
               ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -201,18 +221,8 @@ def learn_classes(trained, folder: Path, device: torch.device | str = "cpu", log
     num_seen = trained.num_seen + new
     log(f"session {session}: {len(labels)} images of {new} new classes ({', '.join(classes.names)}), "
         f"{trained.num_seen} classes known")
-    # the session's start as the pipeline's (incremental_session.start_session)
-    if trained.session >= 1:
-        projector.set_sessions(session)
-    elif inc.inc_init == "base":
-        projector.start_inc_from_base()
-    if inc.freeze_base:
-        projector.freeze_base()
-    if isinstance(classifier, LinearClassifier) and classifier.fc.out_features < num_seen:  # the head grows by rows
-        grown = LinearClassifier(classifier.fc.in_features, num_seen).to(device)
-        grown.fc.weight.data[:classifier.fc.out_features] = classifier.fc.weight.data
-        grown.fc.bias.data[:classifier.fc.out_features] = classifier.fc.bias.data
-        classifier = model.classifier = grown
+    classifier = model.classifier = start_session(projector, classifier, trained.session, inc, num_seen, device,
+                                                       cfg.seed + session)
     frozen_before = frozen_digest(projector)
     store = _StateStore(state, str(folder))
     arrays = session_training_set(store, session, (maps, labels, views), state.memory, state.base_maps,
