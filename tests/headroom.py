@@ -49,18 +49,18 @@ def table(lines: list[str]) -> str:
         setting = (m["kernels"], m["seed"])
         if setting not in settings:
             settings.append(setting)
-        row = rows.setdefault(m["name"], {"op": m["op"], "bar": m["bar"], "values": {}})
+        row = rows.setdefault((m["name"], m["op"], m["bar"]), {"values": {}})  # a two-sided test: two rows
         row["values"][setting] = m["value"]
     settings.sort(key=lambda s: (s[0] != "pinned", s[1], s[0]))
     head = "| threshold | " + " | ".join(f"{k}, seed {s}" for k, s in settings) + " | worst margin |"
     out = [head, "|" + "---|" * (len(settings) + 2)]
-    for name, row in rows.items():
+    for (name, op, bar), row in rows.items():
         values = [row["values"].get(s) for s in settings]
         seen = [v for v in values if v is not None]
-        worst = min(seen) if row["op"] in (">", ">=") else max(seen)
-        margin = worst - row["bar"] if row["op"] in (">", ">=") else row["bar"] - worst
+        worst = min(seen) if op in (">", ">=") else max(seen)
+        margin = worst - bar if op in (">", ">=") else bar - worst
         cells = " | ".join("-" if v is None else f"{v:.4g}" for v in values)
-        out.append(f"| `{name}` {row['op']} {row['bar']:g} | {cells} | {margin:+.4g} |")
+        out.append(f"| `{name}` {op} {bar:g} | {cells} | {margin:+.4g} |")
     return "\n".join(out)
 
 

@@ -17,7 +17,7 @@ from pipeline.models.projector import Projector
 from pipeline.research.selection import with_values
 from pipeline.training import incremental_session, session_step
 from pipeline.training.base_session import not_learning
-from pipeline.training.incremental_session import loss_rose
+from pipeline.training.incremental_session import ROSE_FACTOR, loss_rose
 from tests.headroom import learned
 from tests.pipeline_fixtures import TINY_PARAMS, cli, write_params
 
@@ -307,7 +307,10 @@ def test_the_divergence_verdict_follows_the_model_not_the_batch_losses(tiny_run,
     assert state.read_bytes() == (paths.data_dir / "sessions" / "session_1" / "state.safetensors").read_bytes()
     metrics = json.loads((data / "sessions" / "session_1" / "metrics.json").read_text())
     assert metrics["history"]["loss"][-1] > 300
-    learned("tiny_run.session1.fit_loss_fall", metrics["fit_loss"]["before"] - metrics["fit_loss"]["after"], ">", 0)
+    # the verdict's own rule on the model's fit (loss_rose); the tiny session barely moves it (4.7738 -> 4.7736), so
+    # "it fell" had no headroom (docs/research/test-headroom.md)
+    fit = metrics["fit_loss"]
+    learned("tiny_run.session1.fit_after_over_before", fit["after"] / fit["before"], "<=", ROSE_FACTOR)
 
 
 def test_loss_rose_compares_the_fit_after_with_the_fit_before():

@@ -104,8 +104,8 @@ def test_sigkill_leaves_nothing_a_later_stage_accepts_and_rerun_matches(tiny_run
     data = tmp_path / "data"
     data.mkdir()
     shutil.copy(paths.pack, data / "pack.h5")
-    # the killed process computes with this process's CPU kernels (the rerun below is in-process: unpinned)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "FSCIL_CPU_KERNELS": "native"}
+    # the killed process pins the CPU kernels as this process did (tests/conftest.py): the rerun below is in-process
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "stages.cli", "stage", "base", "--params", str(params), "--data-dir", str(data), "-q"]
     proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     resume = data / "base.resume" / RESUME_FILE
