@@ -103,7 +103,8 @@ def learn_state(cfg, store_path: Path, session: int, state: dict | None, base_me
 
 def export_model(trained: TrainedModel, path: Path, code_version: str) -> None:
     """One safetensors file holding every tensor of the session's model and what `load_exported` needs: the model
-    section, classes seen (names), image preset and size, session, config digest and the code version."""
+    section, classes seen (names), image preset and size, session, config digest and the code version; and, where the
+    model holds one, its `LearnState` (tensors `learn.*`, meta `run`: what `fscil learn` needs for a next session)."""
     model_cfg = {**trained.meta["model"], "pretrained": None, "pretrained_sha256": None}  # the weights are here
     tensors = prefixed(trained.model.state_dict(), "model")
     extra = {}
