@@ -269,8 +269,15 @@ def test_every_key_a_run_reads_is_in_its_digests():
                                                             "base_lr_scale": scale, "freeze_base": frozen}})
 
     hashed = cfg(1.0).to_dict(for_digest=True)
+    later = {name: [f for f in dataclasses.fields(section) if f.metadata.get("added_later")]
+             for name, section in RUN_SECTION_TYPES.items()}
     for name, section in RUN_SECTION_TYPES.items():
-        assert set(hashed[name]) == {f.name for f in dataclasses.fields(section)}, name
+        # an `added_later` key is left out only at its default, the value every earlier run computed with
+        assert set(hashed[name]) == {f.name for f in dataclasses.fields(section)} - {f.name for f in later[name]}, name
+    assert [f.name for f in later["model"]] == ["num_classes"]
+    room = build_config({**TINY_PARAMS, "model": {**TINY_PARAMS["model"], "num_classes": 16}})
+    assert room.to_dict(for_digest=True)["model"]["num_classes"] == 16  # any other value is hashed
+    assert config_digest(room, BASE_MODEL_SECTIONS) != config_digest(cfg(1.0), BASE_MODEL_SECTIONS)
     for sections in (SECTIONS, CANDIDATE_SECTIONS):
         assert config_digest(cfg(1.0), sections) != config_digest(cfg(0.5), sections)
     assert config_digest(cfg(1.0), BASE_MODEL_SECTIONS) == config_digest(cfg(0.5), BASE_MODEL_SECTIONS)
