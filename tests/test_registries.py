@@ -237,3 +237,30 @@ def test_a_new_branch_and_a_new_loss_form_are_one_function_and_one_line_each(thr
                      r"  toy +a throwaway branch \(a test\)$", listed.output, re.M), listed.output
     with pytest.raises(FSCILError, match="must be one of ss2d, mamba_1d, toy"):
         build_config({"model": {"ssm_branch": "toy2"}})
+
+
+def _string_constants(path) -> list[str]:
+    """The string literals of a module, its docstrings left out."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+@pytest.mark.parametrize("name, home", [("mamba_1d", "pipeline/models/registry.py"),
+                                        ("z_channel_flip", "pipeline/losses/registry.py"),
+                                        ("class_folder", "pipeline/data/presets.py")])
+def test_a_kind_the_code_asks_for_by_name_is_spelled_once(name, home):
+    """A registered name that library code tests against (`ssm_branch == MAMBA_1D`) is one named constant beside its
+    registry: renaming the kind is one edit, and no file can compare against a stale spelling."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = [p for folder in ("pipeline", "stages") for p in (root / folder).rglob("*.py")]
+    spelled = sorted(str(p.relative_to(root)) for p in files if name in _string_constants(p))
+    assert spelled == [home]

@@ -21,7 +21,7 @@ from pipeline.losses.registry import (
     SUPPRESSION_FORMS,
     SUPPRESSION_TARGETS,
 )
-from pipeline.models.registry import ATTENTION_HEADS, BACKBONES, HEADS, PROJECTOR_KINDS, SSM_BRANCHES
+from pipeline.models.registry import ATTENTION_HEADS, BACKBONES, HEADS, MAMBA_1D, PROJECTOR_KINDS, SSM_BRANCHES
 from pipeline.store.registry import MEMORY_RULES
 from pipeline.training.registry import BASE_SCHEDULES, SCHEDULES
 
@@ -83,9 +83,9 @@ class ModelConfig(SectionConfig):
         check(self.num_classes is None or self.num_classes >= 2, "model", "num_classes", "must be >= 2 or null")
         check(self.mlp_layers in (2, 3), "model", "mlp_layers", "must be 2 or 3")
         check(self.inc_mlp_layers in (None, 2, 3), "model", "inc_mlp_layers", "must be 2, 3 or null")
-        check(self.d_conv is None or self.d_conv % 2 == 1 or (self.ssm_branch == "mamba_1d" and self.projector in (
+        check(self.d_conv is None or self.d_conv % 2 == 1 or (self.ssm_branch == MAMBA_1D and self.projector in (
             "dual_ssm", "single_ssm")), "model", "d_conv", "must be odd for a k x k conv over the map (only "
-              "ssm_branch mamba_1d's causal conv1d takes an even kernel)")
+              f"ssm_branch {MAMBA_1D}'s causal conv1d takes an even kernel)")
         check(self.projector != "transformer" or (self.expand * self.dim) % ATTENTION_HEADS == 0, "model",
               "dim", f"times model.expand must be divisible by the transformer's {ATTENTION_HEADS} heads")
 

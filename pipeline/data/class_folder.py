@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.data.builders import seeded_pack
+from pipeline.data.presets import CLASS_FOLDER
 from pipeline.data.source import SourceDataset, require_dir
 from pipeline.errors import FSCILError
 
@@ -56,7 +57,7 @@ def read_class_folder(root: Path) -> SourceDataset:
             keys.append(rel)
             labels.append(label)
     return SourceDataset(
-        name="class_folder",
+        name=CLASS_FOLDER,
         root=root,
         class_names=names,
         labels=np.asarray(labels, dtype=np.int64),

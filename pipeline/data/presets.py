@@ -64,6 +64,9 @@ class ImagePreset:
                        test_resize=max(1, round(self.test_resize * ratio)))
 
 
+# your own images (root/<class>/<image>): one name for its reader (data.dataset), its image preset and its protocol
+CLASS_FOLDER = "class_folder"
+
 PRESETS: dict[str, ImagePreset] = {
     # synthetic: statistics measured on the seed-0 default pack; CIFAR-like augmentation, no test resize
     "synthetic": ImagePreset("synthetic", 32, 32, 32, mean=(0.489, 0.488, 0.489), std=(0.181, 0.181, 0.181),
@@ -74,7 +77,7 @@ PRESETS: dict[str, ImagePreset] = {
     "mini_imagenet": ImagePreset("mini_imagenet", 84, 84, 96, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0)),
     "cub200": ImagePreset("cub200", 224, 224, 256, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0),
                           brightness=0.3, contrast=0.3, saturation=0.3, view="shorter_side"),
-    "class_folder": ImagePreset("class_folder", 84, 84, 96, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0)),
+    CLASS_FOLDER: ImagePreset(CLASS_FOLDER, 84, 84, 96, IMAGENET_MEAN, IMAGENET_STD, crop_scale=(0.08, 1.0)),
     # omniglot: binary strokes on white, grayscale replicated; statistics measured on background_small1 at 32 px.
     # No flip (a mirrored character can be another one) and no colour jitter; mild crops keep the strokes.
     "omniglot": ImagePreset("omniglot", 32, 32, 32, mean=(0.923, 0.923, 0.923), std=(0.221, 0.221, 0.221),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.data.cec_splits import BENCHMARKS
+from pipeline.data.presets import CLASS_FOLDER
 from pipeline.registry import Registry, load
 
 
@@ -36,7 +37,7 @@ DATASETS = Registry("dataset", {
     "cifar100": (_cec("pipeline.data.cifar100:build", "cifar100"), "CIFAR-100, python version, CEC splits"),
     "mini_imagenet": (_cec("pipeline.data.mini_imagenet:build", "mini_imagenet"), "miniImageNet, CEC splits"),
     "cub200": (_cec("pipeline.data.cub200:build", "cub200"), "CUB-200-2011, CEC splits"),
-    "class_folder": (DatasetKind("pipeline.data.class_folder:build", "class_folder", (None, 5, 5, 8)),
+    CLASS_FOLDER: (DatasetKind("pipeline.data.class_folder:build", CLASS_FOLDER, (None, 5, 5, 8)),
                      "your images in root/<class>/<image>, protocol drawn from the seed"),
     "omniglot": (DatasetKind("pipeline.data.omniglot:build", "omniglot", (60, 5, 5, 8)),
                  "Omniglot zip or folder, 32 px grayscale, protocol drawn from the seed"),

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from pipeline.data.presets import CLASS_FOLDER
 from pipeline.data.source import SourceDataset
 from pipeline.errors import FSCILError
 
@@ -79,7 +80,7 @@ def seeded_protocol(source: SourceDataset, base_classes: int | None, ways: int, 
     order = rng.permutation(num_classes) if shuffle_classes else np.arange(num_classes)
     train_sessions = draw_sessions(source.labels, ~is_test, order, base_classes, ways, shots, sessions, rng,
                                    source.class_names)
-    protocol_info = {"generator": "class_folder", "seed": seed, "base_classes": base_classes, "ways": ways,
+    protocol_info = {"generator": CLASS_FOLDER, "seed": seed, "base_classes": base_classes, "ways": ways,
                      "shots": shots, "sessions": sessions, "test_fraction": test_fraction,
                      "shuffle_classes": shuffle_classes}
     split_source = replace(source, is_train=~is_test, provenance={**source.provenance, "protocol": protocol_info})

@@ -7,11 +7,12 @@ from __future__ import annotations
 from pipeline.registry import Registry
 
 # incremental.suppression: what eq. loss_supp suppresses (on gating designs; the others: g_inc's output)
+Z_CHANNEL_FLIP = "z_channel_flip"  # only the 1-D branch has it (models/registry.py MAMBA_1D)
 SUPPRESSION_TARGETS = Registry("suppression target", {
     "z": ("pipeline.losses.class_sensitive:target_z", "the gate stream Z (the paper)"),
     "silu_z": ("pipeline.losses.class_sensitive:target_silu_z", "SiLU(Z), the gate"),
     "mu_inc": ("pipeline.losses.class_sensitive:target_mu_inc", "g_inc's output mu_inc"),
-    "z_channel_flip": ("pipeline.losses.class_sensitive:target_z_channel_flip",
+    Z_CHANNEL_FLIP: ("pipeline.losses.class_sensitive:target_z_channel_flip",
                        "the authors' 1-D branch: the orders' Z summed with the channel axis flipped"),
 })
 

@@ -16,9 +16,10 @@ BACKBONES = Registry("backbone", {
 })
 
 # model.ssm_branch: the selective-SSM branch of the dual_ssm / single_ssm projectors
+MAMBA_1D = "mamba_1d"  # the authors' shared 1-D branch: the config's d_conv rule and the scan benchmark ask for it
 SSM_BRANCHES = Registry("selective-SSM branch", {
     "ss2d": ("pipeline.models.ss2d:SS2DBranch", "SS2D: K scan paths over the map, each with its own parameters"),
-    "mamba_1d": ("pipeline.models.mamba1d:SharedMamba1DBranch",
+    MAMBA_1D: ("pipeline.models.mamba1d:SharedMamba1DBranch",
                  "one 1-D Mamba block shared by 4 token orders (the authors' CIFAR-100 / mini code)"),
 })
 

@@ -15,6 +15,7 @@ import torch
 
 from pipeline.config import preset_model_config
 from pipeline.errors import FSCILError
+from pipeline.models.registry import MAMBA_1D
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -240,7 +241,7 @@ def scan_grid(device: str, repeats: int, scans: tuple[str, ...], presets: tuple[
     for preset in presets:
         model, _ = preset_model_config(preset, {})
         k, d_inner, n, side = model.k_paths, model.expand * model.dim, model.d_state, preset_map(preset)[1]
-        shared = model.ssm_branch == "mamba_1d"
+        shared = model.ssm_branch == MAMBA_1D
         for batch in batches:
             inputs = _scan_inputs(batch, k, d_inner, n, side * side, device, shared)
             b, d = inputs["u"].shape[:2]

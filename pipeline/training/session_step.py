@@ -11,9 +11,9 @@ from pipeline.data.mixing import FEATURE_MIXUP_RATIO, deviation_draws, feature_m
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.losses.class_sensitive import separation_loss, suppression_loss
 from pipeline.losses.classification import mixed_loss, target_weights
-from pipeline.losses.registry import SUPPRESSION_TARGETS
+from pipeline.losses.registry import SUPPRESSION_TARGETS, Z_CHANNEL_FLIP
 from pipeline.models.projector import suppression_target
-from pipeline.models.registry import HEADS
+from pipeline.models.registry import HEADS, MAMBA_1D
 from pipeline.precision import autocast
 from pipeline.training.progress import drain
 
@@ -35,7 +35,7 @@ def incremental_loss(projector, classifier, x: torch.Tensor, y: torch.Tensor, is
         target = SUPPRESSION_TARGETS[suppression_target(projector.kind, inc.suppression)](out.aux, out.mu_inc)
         if target is None:
             raise FSCILError(f"params: incremental.suppression={inc.suppression} needs "
-                             + ("model.ssm_branch mamba_1d" if inc.suppression == "z_channel_flip"
+                             + (f"model.ssm_branch {MAMBA_1D}" if inc.suppression == Z_CHANNEL_FLIP
                                 else "a projector with g_inc"))
         supp = suppression_loss(target, is_base, inc.lambda1, inc.lambda2, inc.suppression_form, inc.loss_groups)
     forms = (inc.separation_form, inc.separation_delta, inc.separation_paths, inc.loss_groups)
