@@ -16,6 +16,7 @@ import torch
 from pipeline.config import preset_model_config
 from pipeline.errors import FSCILError
 from pipeline.models.registry import MAMBA_1D
+from pipeline.training.sgd import SGD
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -82,7 +83,7 @@ def _projector_costs(kind: str, cfg, channels: int, side: int, sessions: int, ba
     proj.to(device)
     f = torch.randn(batch, channels, side, side, device=device)
     trainable = [p for p in proj.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(trainable, lr=1e-3)
+    opt = SGD(trainable, lr=1e-3)
     cuda = device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     on = torch.device(device)

@@ -11,6 +11,7 @@ from torch import nn
 
 from pipeline.models.fscil import FSCILModel
 from pipeline.training.checkpoint import load_checkpoint, read_metadata, save_checkpoint
+from pipeline.training.sgd import SGD
 
 RESUME_FILE = "resume.safetensors"
 AUX_PREFIX = "aux_head."  # base.backbone_ce's head in the resumable checkpoint (never in the saved base model)
@@ -25,7 +26,7 @@ def trained_parameters(model: FSCILModel, aux_head: nn.Linear | None) -> dict[st
     return named
 
 
-def _optimizer_tensors(opt: torch.optim.SGD, params: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
+def _optimizer_tensors(opt: SGD, params: dict[str, nn.Parameter]) -> dict[str, torch.Tensor]:
     names = {id(p): n for n, p in params.items()}
     out = {}
     for group in opt.param_groups:
@@ -36,7 +37,7 @@ def _optimizer_tensors(opt: torch.optim.SGD, params: dict[str, nn.Parameter]) ->
     return out
 
 
-def _load_optimizer(opt: torch.optim.SGD, params: dict[str, nn.Parameter], tensors: dict[str, torch.Tensor]) -> None:
+def _load_optimizer(opt: SGD, params: dict[str, nn.Parameter], tensors: dict[str, torch.Tensor]) -> None:
     for key, value in tensors.items():
         if key.startswith("optim."):
             p = params[key[len("optim."):]]
@@ -44,7 +45,7 @@ def _load_optimizer(opt: torch.optim.SGD, params: dict[str, nn.Parameter], tenso
 
 
 def resume_point(ckpt: Path, meta: dict, model: FSCILModel, aux_head: nn.Linear | None,
-            opt: torch.optim.SGD) -> tuple[int, list]:
+            opt: SGD) -> tuple[int, list]:
     """(first epoch, curve rows: each epoch's loss, lr and training accuracy) from the resumable checkpoint when it
     belongs to this config and pack, else (0, []); loads the model, the auxiliary head and the optimizer state in
     place."""

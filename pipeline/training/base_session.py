@@ -55,6 +55,7 @@ from pipeline.training.progress import CHECK_EVERY, ProgressLog, drain
 from pipeline.training.registry import BASE_SCHEDULES
 from pipeline.training.runtime import run_device
 from pipeline.training.schedule import set_lr
+from pipeline.training.sgd import SGD
 
 
 class _BaseNet(nn.Module):
@@ -83,14 +84,14 @@ def backbone_ce_head(model: FSCILModel, num_base: int, weight: float) -> nn.Line
     return head
 
 
-def _optimizer(model: FSCILModel, aux_head: nn.Linear | None, cfg) -> torch.optim.SGD:
+def _optimizer(model: FSCILModel, aux_head: nn.Linear | None, cfg) -> SGD:
     backbone = [p for p in model.backbone.parameters() if p.requires_grad]
     rest = [p for n, p in trained_parameters(model, aux_head).items()
             if p.requires_grad and not n.startswith("backbone.")]
     groups = [{"params": rest, "initial_lr": cfg.base.lr}]
     if backbone:
         groups.append({"params": backbone, "initial_lr": cfg.base.lr * cfg.base.backbone_lr_scale})
-    return torch.optim.SGD(groups, lr=cfg.base.lr, momentum=cfg.base.momentum, weight_decay=cfg.base.weight_decay)
+    return SGD(groups, lr=cfg.base.lr, momentum=cfg.base.momentum, weight_decay=cfg.base.weight_decay)
 
 
 def load_base_train_images(pack: ImagePack, ids: np.ndarray, device: torch.device
@@ -215,7 +216,7 @@ class BaseRun(NamedTuple):
     model: FSCILModel
     net: nn.Module
     aux_head: nn.Linear | None
-    opt: torch.optim.SGD
+    opt: SGD
     images: torch.Tensor
     extents: torch.Tensor | None
     targets: torch.Tensor

@@ -40,6 +40,7 @@ from pipeline.training.registry import SCHEDULES
 from pipeline.training.runtime import run_device
 from pipeline.training.schedule import set_lr
 from pipeline.training.session_step import SessionDraws, frozen_rows, read_back, session_batch, train_step
+from pipeline.training.sgd import SGD
 
 STATE_FILE = "state.safetensors"
 METRICS_FILE = "metrics.json"
@@ -226,8 +227,8 @@ def fit_session(cfg, session: int, projector, classifier, data: SessionData, sto
     CSV of the loss terms and lr per step, rewritten at each read-back (`pipeline.training.curves`)."""
     inc = cfg.incremental
     trainable = [p for p in projector.parameters() if p.requires_grad] + list(classifier.parameters())
-    opt = torch.optim.SGD(session_param_groups(projector, trainable, inc), lr=inc.lr, momentum=inc.momentum,
-                          weight_decay=inc.weight_decay)
+    opt = SGD(session_param_groups(projector, trainable, inc), lr=inc.lr, momentum=inc.momentum,
+              weight_decay=inc.weight_decay)
     steps = inc.session_value("steps", session)
     deviations, lent = lent_deviations(cfg, session, store, device)
     batch = session_batch(len(data.y), inc.batch_size, inc.loss_groups)
