@@ -18,6 +18,7 @@ from pipeline.research.selection import with_values
 from pipeline.training import incremental_session, session_step
 from pipeline.training.base_session import not_learning
 from pipeline.training.incremental_session import ROSE_FACTOR, loss_rose
+from pipeline.training.sgd import SGD
 from tests.headroom import learned
 from tests.pipeline_fixtures import TINY_PARAMS, cli, write_params
 
@@ -176,16 +177,16 @@ def test_a_base_training_whose_loss_does_not_fall_is_refused(tiny_run, tmp_path,
     _, params, paths = tiny_run
     data = tmp_path / "data"
     shutil.copytree(paths.data_dir, data, ignore=shutil.ignore_patterns("sessions", "report"))
-    real_step = torch.optim.SGD.step
+    real_step = SGD.step
 
-    def uphill(self, closure=None):
+    def uphill(self):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
                     p.grad.neg_()
-        return real_step(self, closure)
+        return real_step(self)
 
-    monkeypatch.setattr(torch.optim.SGD, "step", uphill)
+    monkeypatch.setattr(SGD, "step", uphill)
     result = cli("stage", "base", "--params", str(params), "--data-dir", str(data), "-q")
     _assert_one_line_error(result, "base training: the mean loss of the last epoch", "is not below the first epoch's",
                            "nothing written")
