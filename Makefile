@@ -53,9 +53,12 @@ kernels: $(BIN)/fscil
 	  if [ -x $(BIN)/uv ]; then $(UV_PIP) -c $(LOCK) -e ".[dev,kernels]"; \
 	  else $(BIN)/pip install -q -c $(LOCK) -e ".[dev,kernels]"; fi
 
+# the tests in TEST_JOBS parallel workers (pytest-xdist; `make test TEST_JOBS=1` runs them in one process), each
+# test handed to the next free worker
+TEST_JOBS ?= auto
 test: kernels
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -x --durations=15
+	$(BIN)/python -m pytest -q -x -n $(TEST_JOBS) --dist worksteal --durations=15
 
 # on a CUDA machine: the same suite with the stage tests on the GPU, and the kernel tests when mamba-ssm imports
 test-cuda: kernels
