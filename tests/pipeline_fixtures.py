@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import yaml
@@ -40,6 +41,16 @@ def tiny_model_config() -> ModelConfig:
 
 
 runner = CliRunner()
+REPO = Path(__file__).resolve().parents[1]
+
+
+def project_copy(root: Path, *files: str) -> None:
+    """The pipeline as a DVC project in `root` (dvc.yaml, .dvcignore, pipeline/, stages/ and `files` of the
+    repository), for tests that run `dvc` on it: its stages run the copied code."""
+    for name in ("dvc.yaml", ".dvcignore", *files):
+        shutil.copy(REPO / name, root / name)
+    for name in ("pipeline", "stages"):
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def write_params(path: Path, **sections) -> Path:

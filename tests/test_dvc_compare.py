@@ -17,9 +17,8 @@ import pytest
 import yaml
 
 from pipeline.config import session_map
-from tests.pipeline_fixtures import TINY_PARAMS
+from tests.pipeline_fixtures import TINY_PARAMS, project_copy
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 needs_dvc = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in this environment")
 
@@ -35,10 +34,7 @@ def _run(cmd: list[str], cwd: Path) -> str:
 
 @needs_dvc
 def test_every_row_has_the_resolved_values_and_plots_diff_needs_no_cache(tmp_path):
-    for name in ("dvc.yaml", ".dvcignore", ".gitignore"):
-        shutil.copy(REPO / name, tmp_path / name)
-    for name in ("pipeline", "stages"):
-        shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    project_copy(tmp_path, ".gitignore")
     params = {k: v for k, v in TINY_PARAMS.items() if k != "variant_params"}
     params["variant"] = "mamba_fscil"
     params["incremental"] = {k: v for k, v in params["incremental"].items()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +12,8 @@ import pytest
 import yaml
 
 from pipeline.config import session_map
-from tests.pipeline_fixtures import TINY_PARAMS
+from tests.pipeline_fixtures import TINY_PARAMS, project_copy
 
-REPO = Path(__file__).resolve().parents[1]
 DVC = Path(sys.executable).with_name("dvc")
 pytestmark = pytest.mark.skipif(not DVC.exists(), reason="dvc is not installed in this environment")
 
@@ -32,13 +30,6 @@ def _run(cmd: list[str], cwd: Path) -> str:
     return result.stdout + result.stderr
 
 
-def _project_copy(root: Path) -> None:
-    for name in ("dvc.yaml", ".dvcignore"):
-        shutil.copy(REPO / name, root / name)
-    for name in ("pipeline", "stages"):
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-
-
 def _ran(output: str) -> set[str]:
     return {line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")}
 
@@ -46,7 +37,7 @@ def _ran(output: str) -> set[str]:
 def test_dvc_repro_runs_the_sessions_params_list_and_reruns_exactly_the_readers(tmp_path):
     """A 10-session protocol through an unedited dvc.yaml (the sessions come from params.yaml); nothing changed:
     nothing runs; a preset value of the incremental section re-runs exactly config, the sessions and the report."""
-    _project_copy(tmp_path)
+    project_copy(tmp_path)
     params = {**TINY_PARAMS, "data": {**TINY_PARAMS["data"], "base_classes": 6, "ways": 1, "sessions": 10},
               "sessions": session_map(10)}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
@@ -94,7 +85,7 @@ def test_dvc_repro_runs_the_sessions_params_list_and_reruns_exactly_the_readers(
 
 
 def test_dvc_repro_stops_on_a_session_list_that_does_not_match_the_data(tmp_path):
-    _project_copy(tmp_path)
+    project_copy(tmp_path)
     params = {**TINY_PARAMS, "data": {**TINY_PARAMS["data"], "sessions": 3}, "sessions": session_map(4)}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     _run(["git", "init", "-q"], tmp_path)
@@ -111,7 +102,7 @@ def test_dvc_reruns_exactly_what_a_code_change_touches(tmp_path):
     """Each stage depends on the code it runs (stages/dvc_deps.py): after one edit of each kind, `dvc status` lists
     exactly the stages that run that code. A help text, `fscil predict`, a selection grid or the Triton kernel: none;
     the session code: the sessions; the backbone: base training and everything that runs the network."""
-    _project_copy(tmp_path)
+    project_copy(tmp_path)
     params = {**TINY_PARAMS, "sessions": session_map(3)}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     _run(["git", "init", "-q"], tmp_path)

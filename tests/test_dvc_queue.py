@@ -9,7 +9,6 @@ import csv
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -20,9 +19,8 @@ import torch
 import yaml
 
 from pipeline.config import session_map
-from tests.pipeline_fixtures import TINY_PARAMS, run_pipeline
+from tests.pipeline_fixtures import TINY_PARAMS, project_copy, run_pipeline
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in this environment")
 # what an unactivated shell has: no environment's bin on PATH
@@ -53,10 +51,7 @@ def _with(params: dict, change: dict) -> dict:
 def test_two_queued_experiments_run_side_by_side_and_each_gives_its_numbers_alone(tmp_path):
     project = tmp_path / "project"
     project.mkdir()
-    for name in ("dvc.yaml", ".dvcignore", ".gitignore", "Makefile"):
-        shutil.copy(REPO / name, project / name)
-    for name in ("pipeline", "stages"):
-        shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__"))
+    project_copy(project, ".gitignore", "Makefile")
     (project / ".venv").symlink_to(sys.prefix)  # a clone after `make install` (git-ignored, in no experiment's copy)
     # one intra-op thread each: two experiments at once on a small CPU (threads is a param: the runs alone use it too)
     params = {**TINY_PARAMS, "threads": 1, "sessions": session_map(3)}
