@@ -33,8 +33,8 @@ print(set_, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 def _faults(env: dict) -> tuple[str, int]:
     root = str(Path(__file__).resolve().parents[1])
-    out = subprocess.run([sys.executable, "-B", "-c", LOOP.format(root=root)], capture_output=True, text=True, check=True,
-                         env=env).stdout.split()
+    out = subprocess.run([sys.executable, "-B", "-c", LOOP.format(root=root)], capture_output=True, text=True,
+                         check=True, env=env).stdout.split()
     return out[0], int(out[1])
 
 
