@@ -73,6 +73,24 @@ def summarise(table: pd.DataFrame) -> dict:
     }
 
 
+# metrics.json: the numbers a comparison reads first, in this order (`dvc exp show` lists them first); every other
+# number of the summary is in the report folder's DETAILS_FILE (`dvc metrics show data/report/details.json`)
+HEADLINE = ("avg", "final", "pd", "base", "novel", "class_means_avg")
+DETAILS_FILE = "details.json"
+
+
+def headline(summary: dict) -> dict:
+    """metrics.json's content from a `write_report` summary: AVG, final, PD, base (session 0) and novel (the last
+    session's novel classes) accuracy, then the AVG of the class means of the run's own backbone (the baseline a
+    trained projector must beat) when the sessions have it."""
+    out = {"avg": summary["avg"], "final": summary["final"], "pd": summary["pd"], "base": summary["base"],
+           "novel": summary["final_novel_acc"]}
+    means = summary.get("prototype", {}).get("backbone")
+    if means:
+        out["class_means_avg"] = means["avg"]
+    return out
+
+
 def summarise_prototypes(table: pd.DataFrame) -> dict:
     """`summarise` of each prototype baseline that every session has (older session metrics lack them)."""
     summaries = {}
@@ -86,11 +104,12 @@ def summarise_prototypes(table: pd.DataFrame) -> dict:
 
 def write_report(results: list[dict], metrics_path: Path, out_dir: Path, title: str = "Mamba-FSCIL",
                  arrays: dict | None = None, identity: dict | None = None) -> dict:
-    """Write metrics.json (with the prototype baselines' summaries under "prototype" when every session has them),
-    out_dir/sessions.csv and the pictures (`identity`, e.g. preset / variant / method / seed, leads metrics.json and
-    is a column of every sessions.csv row): accuracy.png, diagnostics.png when the sessions have diagnostics, and
-    from `arrays` (the last session's diagnostics.npz) z_histogram.png, tsne.png and, for projectors that generate
-    B, b_maps.png; returns the summary."""
+    """Write metrics.json (`headline`), out_dir/details.json (the whole summary: `identity`, e.g. preset / variant /
+    method / seed, then AVG, PD, final, the last session's base / novel accuracies and crossings, every session's
+    accuracy, and the prototype baselines' summaries under "prototype" when every session has them),
+    out_dir/sessions.csv (`identity` a column of every row) and the pictures: accuracy.png, diagnostics.png when
+    the sessions have diagnostics, and from `arrays` (the last session's diagnostics.npz) z_histogram.png, tsne.png
+    and, for projectors that generate B, b_maps.png; returns the whole summary."""
     from pipeline.plots import plot_accuracy, plot_b_maps, plot_diagnostics, plot_empty, plot_tsne, plot_z_histogram
 
     identity = identity or {}
@@ -119,5 +138,6 @@ def write_report(results: list[dict], metrics_path: Path, out_dir: Path, title: 
     else:
         for name in ("z_histogram.png", "tsne.png", "b_maps.png"):
             plot_empty(out_dir / name, title, "no pictures of the last session's features: it saved no arrays")
-    atomic_write_text(metrics_path, json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out_dir / DETAILS_FILE, json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(metrics_path, json.dumps(headline(summary), indent=2) + "\n")
     return summary

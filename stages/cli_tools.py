@@ -330,20 +330,23 @@ def compare_runs(rows: Annotated[list[str] | None, typer.Argument(
         help="Rows of `dvc exp show` by name: an experiment, a branch (main), a commit, or workspace; none: all.")]
                  = None,
                  metric: Annotated[list[str] | None, typer.Option(
-                     "--metric", "-m", help="metrics.json keys or patterns to show ('sessions.*'; repeatable; "
-                                            "default: avg, pd, final, base, prototype.backbone.avg).")] = None,
+                     "--metric", "-m", help="Metrics to show, keys or patterns (repeatable): metrics.json's "
+                                            "(default: avg, final, pd, base, novel, class_means_avg) or "
+                                            "data/report/details.json's ('sessions.*', 'prototype.backbone.*').")]
+                 = None,
                  all_commits: Annotated[bool, typer.Option(help="Rows of every commit, not only HEAD's.")] = False
                  ) -> None:
     """The rows of `dvc exp show` side by side: the resolved values that differ between them, then their metrics.
-    Experiments still running or queued are left out (named on stderr)."""
-    from pipeline.research.compare import HEADLINE, compare, described, exp_show_csv
+    Rows that differ only in seed are one setting: then each setting's mean +- SE over its seeds, and for two
+    settings their paired difference over the seeds both ran. Experiments still running or queued are left out
+    (named on stderr)."""
+    from pipeline.research.compare import HEADLINE, compare, compare_text, described, details_at, exp_show_csv
 
-    table, unfinished = _run("compare", compare, exp_show_csv(all_commits), rows or [],
-                             tuple(metric) if metric else HEADLINE, timed=False)
+    params, metrics, unfinished = _run("compare", compare, exp_show_csv(all_commits), rows or [],
+                                       tuple(metric) if metric else HEADLINE, details_at, timed=False)
     if unfinished:
         typer.echo(f"left out, no results yet: {described(unfinished)}", err=True)
-    table.columns.name = None
-    typer.echo(table.to_string())
+    typer.echo(compare_text(params, metrics))
 
 
 def show(rows: Annotated[list[str] | None, typer.Argument(

@@ -59,9 +59,12 @@ def test_every_row_has_the_resolved_values_and_plots_diff_needs_no_cache(tmp_pat
                                                                "try-mlp": "mlp"}
     for name, row in named.items():
         assert "!" not in row.values(), name
-        # a key params.yaml sets too is listed under each file's name
-        assert float(row["avg"]) > 0 and row["incremental.lambda1"], name
-        assert row["data/config/run.yaml:base.epochs"] == row["params.yaml:base.epochs"] == "3", name
+        # each key once: params.yaml is the config stage's file dep, its keys are listed as resolved in run.yaml
+        assert float(row["avg"]) > 0 and row["incremental.lambda1"] and row["base.epochs"] == "3", name
+        assert not [c for c in row if c.startswith(("params.yaml:", "data/config/run.yaml:"))], name
+    headline = [c for c in rows[0] if c in ("avg", "final", "pd", "base", "novel", "class_means_avg")]
+    assert headline == ["avg", "final", "pd", "base", "novel", "class_means_avg"]  # metrics.json: the headline alone
+    assert not [c for c in rows[0] if c.startswith(("sessions.", "prototype.", "final_"))]
 
     diff = _run([dvc, "params", "diff", "main", "try-mlp"], tmp_path)
     assert "model.projector" in diff and "dual_ssm" in diff and "mlp" in diff and " - " not in diff
@@ -123,9 +126,9 @@ def test_compare_leaves_out_running_experiments_and_takes_metric_patterns():
             ",main,baseline,2026,,,,50.0,80.0,60.0,mamba_fscil\n"
             "try-mlp,abc1234,branch_base,2026,,Success,,52.0,81.0,62.0,mlp_baseline\n"
             "running-one,def5678,branch_commit,2026,,Running,workspace,50.0,80.0,60.0,mamba_fscil\n")
-    table, unfinished = compare(text, [], ("sessions.*",))
-    assert list(table.columns) == ["main", "try-mlp"] and unfinished == {"running-one": "running"}
-    assert list(table.index) == ["variant", "sessions.s0", "sessions.s1"]
+    params, metrics, unfinished = compare(text, [], ("sessions.*",))
+    assert list(params.index) == list(metrics.index) == ["main", "try-mlp"] and unfinished == {"running-one": "running"}
+    assert list(params.columns) == ["variant"] and list(metrics.columns) == ["sessions.s0", "sessions.s1"]
     with pytest.raises(FSCILError, match=r"^-m avgg: no such metric \(metrics.json has avg, sessions\.\*\)$"):
         compare(text, [], ("avgg",))
     with pytest.raises(FSCILError, match="no results for running-one"):

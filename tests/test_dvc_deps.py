@@ -60,11 +60,12 @@ def test_the_generator_rewrites_stale_deps(tmp_path):
 def test_stage_params_are_the_resolved_values_it_reads(name):
     """Preset and variant files are read through `fscil stage config`, which writes every resolved value to
     data/config/run.yaml: each stage lists exactly its STAGE_KEYS there as DVC params (device and deterministic
-    included where a stage computes), and the config stage depends on the presets, the variants and params.yaml."""
+    included where a stage computes), and the config stage depends on the presets, the variants and params.yaml, the
+    last as a file: params.yaml's keys are DVC params through run.yaml alone, so `dvc exp show` lists each once."""
     assert STAGES[name]["params"] == [{"data/config/run.yaml": list(STAGE_KEYS[name])}]
     config = STAGES["config"]
-    assert {"pipeline/presets", "pipeline/variants"} <= set(config["deps"])
-    assert config["params"] == [{"params.yaml": None}]
+    assert {"params.yaml", "pipeline/presets", "pipeline/variants"} <= set(config["deps"])
+    assert "params" not in config
     assert [next(iter(o)) for o in config["outs"]] == ["data/config/run.yaml"]
     for key in ("device", "deterministic"):
         assert (key in STAGE_KEYS[name]) == (name in ("base", "extract", "incremental"))

@@ -46,7 +46,7 @@ def test_dvc_repro_runs_the_sessions_params_list_and_reruns_exactly_the_readers(
     first = _ran(_run([str(DVC), "repro"], tmp_path))
     sessions = {f"incremental@{n}" for n in range(1, 11)}
     assert first == {"config", "prepare", "base", "extract", "report"} | sessions
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "data" / "report" / "details.json").read_text())
     assert list(metrics["sessions"]) == [f"s{i}" for i in range(11)]
     accs = list(metrics["sessions"].values())
     assert metrics["avg"] == pytest.approx(sum(accs) / 11, abs=1e-3) and metrics["pd"] == pytest.approx(
@@ -65,7 +65,7 @@ def test_dvc_repro_runs_the_sessions_params_list_and_reruns_exactly_the_readers(
     preset.write_text(head + "\nincremental:" + tail.replace("  dr_scale: 10.0\n", "  dr_scale: 5.0\n", 1))
     assert _ran(_run([str(DVC), "repro"], tmp_path)) == {"config", "report"} | sessions
     assert (tmp_path / "data" / "base" / "model.safetensors").read_bytes() == base_bytes
-    assert json.loads((tmp_path / "metrics.json").read_text())["sessions"]["s0"] == metrics["sessions"]["s0"]
+    assert json.loads((tmp_path / "metrics.json").read_text())["base"] == metrics["sessions"]["s0"]
 
     # a base-section value in params.yaml: base and everything after it, not prepare
     params["base"] = {**params["base"], "lr": 0.05}

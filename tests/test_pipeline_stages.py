@@ -124,7 +124,7 @@ def test_frozen_parts_unchanged_bit_for_bit(tiny_run):
 
 def test_report_matches_session_metrics(tiny_run):
     root, _, paths = tiny_run
-    summary = json.loads((root / "metrics.json").read_text())
+    summary = json.loads((paths.report / "details.json").read_text())
     accs = [json.loads((paths.base / "metrics.json").read_text())["acc"]]
     accs += [json.loads((paths.session(s) / "metrics.json").read_text())["acc"] for s in range(1, NUM_SESSIONS + 1)]
     assert list(summary["sessions"].values()) == pytest.approx(accs)
@@ -134,6 +134,11 @@ def test_report_matches_session_metrics(tiny_run):
     last = json.loads((paths.session(NUM_SESSIONS) / "metrics.json").read_text())
     assert [summary["final_novel_as_base"], summary["final_base_as_novel"]] == pytest.approx(
         [last["novel_as_base"], last["base_as_novel"]], abs=1e-4)
+    # metrics.json (what `dvc exp show` lists first): the headline alone, in order, as the details have it
+    headline = json.loads((root / "metrics.json").read_text())
+    assert list(headline) == ["avg", "final", "pd", "base", "novel", "class_means_avg"]
+    assert headline == {"avg": summary["avg"], "final": summary["final"], "pd": summary["pd"], "base": accs[0],
+                        "novel": last["novel_acc"], "class_means_avg": summary["prototype"]["backbone"]["avg"]}
     csv = (paths.report / "sessions.csv").read_text().splitlines()
     assert csv[0].startswith("session,acc,base_acc,novel_acc,novel_as_base,base_as_novel")
     assert len(csv) == NUM_SESSIONS + 2
@@ -146,10 +151,10 @@ def test_report_matches_session_metrics(tiny_run):
 
 
 def test_the_report_says_what_ran_and_refuses_sessions_of_another_variant(tiny_run, tmp_path):
-    """metrics.json and every sessions.csv row carry preset, variant, method and seed (those of the params the
-    sessions were made with); a report asked for another variant than the sessions' is a one-line error."""
+    """data/report/details.json and every sessions.csv row carry preset, variant, method and seed (those of the params
+    the sessions were made with); a report asked for another variant than the sessions' is a one-line error."""
     root, params, paths = tiny_run
-    summary = json.loads((root / "metrics.json").read_text())
+    summary = json.loads((paths.report / "details.json").read_text())
     assert (summary["preset"], summary["variant"], summary["seed"]) == ("synthetic", None, 0)
     assert summary["method"] == "preset values on synthetic"
     table = pd.read_csv(paths.report / "sessions.csv")

@@ -72,8 +72,8 @@ def test_bf16_pipeline_runs_end_to_end_and_stores_float32_maps(tmp_path, tiny_ru
     run_pipeline(params, tmp_path / "data", tmp_path / "metrics.json")
     store = zarr.open_group(str(tmp_path / "data" / "features.zarr"), mode="r")
     assert store["test"]["maps"].dtype == "float32"
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    exact = json.loads((tiny_run[0] / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "data" / "report" / "details.json").read_text())
+    exact = json.loads((tiny_run[0] / "data" / "report" / "details.json").read_text())
     assert len(metrics["sessions"]) == NUM_SESSIONS + 1
     assert all(0 <= v <= 100 for v in metrics["sessions"].values())
     learned("bf16.base_accuracy_off_float32", abs(metrics["base"] - exact["base"]), "<=", 25)

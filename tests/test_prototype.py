@@ -130,7 +130,8 @@ def test_report_has_the_prototype_columns_and_summary(tiny_run):
     expected = [session0["backbone"]["acc"]] + [r["prototype"]["backbone"]["acc"] for r in results[1:]]
     assert table["proto_backbone_acc"].tolist() == pytest.approx(expected)
     assert np.isnan(table["proto_backbone_novel_acc"][0]) and table["proto_backbone_novel_acc"][1:].notna().all()
-    summary = json.loads((root / "metrics.json").read_text())
+    summary = json.loads((paths.report / "details.json").read_text())
+    assert json.loads((root / "metrics.json").read_text())["class_means_avg"] == summary["prototype"]["backbone"]["avg"]
     for space in ("backbone", "projector"):
         proto = summary["prototype"][space]
         column = table[f"proto_{space}_acc"]
@@ -147,7 +148,9 @@ def test_report_of_older_session_metrics_without_prototype(tiny_run, tmp_path):
     _, _, paths = tiny_run
     results = [{k: v for k, v in r.items() if not k.startswith("prototype")} for r in _results(paths)]
     summary = write_report(results, tmp_path / "metrics.json", tmp_path / "report")
-    assert "prototype" not in summary and "prototype" not in json.loads((tmp_path / "metrics.json").read_text())
+    details = json.loads((tmp_path / "report" / "details.json").read_text())
+    assert "prototype" not in summary and "prototype" not in details
+    assert "class_means_avg" not in json.loads((tmp_path / "metrics.json").read_text())  # no baseline: no key
     table = pd.read_csv(tmp_path / "report" / "sessions.csv")
     assert table[PROTO_COLUMNS].isna().all(axis=None) and table["acc"].notna().all()
     assert (tmp_path / "report" / "accuracy.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,25 +1,30 @@
-"""`fscil compare`: the rows of `dvc exp show` side by side, only what differs between them, with their metrics;
-`fscil show`: a run's per-session table (data/report/sessions.csv) as the workspace, a commit or an experiment has it.
+"""`fscil compare`: the rows of `dvc exp show` side by side, only what differs between them, with their metrics, or,
+when a setting ran with several seeds, each setting's mean +- SE over its seeds and two settings' paired difference
+(pipeline/research/seeds.py); `fscil show`: a run's per-session table (data/report/sessions.csv) as the workspace, a
+commit or an experiment has it.
 
-`dvc exp show` lists every resolved value (data/config/run.yaml, tracked by git like metrics.json) and every metric:
-hundreds of columns. Comparing two variants means finding the few that differ; this does it: the resolved params
-whose values differ between the chosen rows, then the headline metrics (or those asked for).
+`dvc exp show` lists every resolved value (data/config/run.yaml, tracked by git like metrics.json) and the headline
+metrics (metrics.json); comparing two variants means finding the few values that differ; this does it. Metrics
+beyond the headline (per session, per baseline) come from each row's data/report/details.json.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import io
+import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 
 from pipeline.errors import FSCILError
-from pipeline.report import prototype_columns, summarise, summarise_prototypes
+from pipeline.report import DETAILS_FILE, HEADLINE, prototype_columns, summarise, summarise_prototypes
+from pipeline.research.seeds import SEED, by_setting, has_repeated_settings, paired, setting_labels
 
-HEADLINE = ("avg", "pd", "final", "base", "prototype.backbone.avg")  # metrics.json keys shown by default
 _ROW_COLUMNS = ("Experiment", "rev", "typ", "Created", "parent", "State", "Executor")
+DETAILS = f"data/report/{DETAILS_FILE}"
 
 
 def exp_show_csv(all_commits: bool = False) -> str:
@@ -57,27 +62,52 @@ def described(rows: dict[str, str]) -> str:
     return ", ".join(f"{name} ({state})" for name, state in rows.items())
 
 
-def metric_columns(table: pd.DataFrame, patterns: tuple[str, ...]) -> list[str]:
-    """The metrics.json columns that `patterns` name (exact keys, or shell patterns such as 'sessions.*'); a pattern
-    that names none is a one-line error listing the keys."""
+def flat_numbers(values: dict, prefix: str = "") -> dict[str, float]:
+    """{'sessions.s1': 68.7, 'prototype.backbone.avg': ...}: the numbers of a nested metrics dict (text left out)."""
+    out: dict[str, float] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_numbers(value, f"{name}."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = value
+    return out
+
+
+def metric_columns(table: pd.DataFrame, patterns: tuple[str, ...],
+                   details: dict[str, dict[str, float]] | None = None) -> tuple[list[str], list[str]]:
+    """(the exp show metric columns, the details.json keys) that `patterns` name (exact keys, or shell patterns such
+    as 'sessions.*'): metrics.json's first, then each row's details (`details`: row -> `flat_numbers`, None: none);
+    a pattern that names neither is a one-line error listing the keys."""
     metrics = [c for c in table.columns if _is_metric(c)]
+    detail_keys = list(dict.fromkeys(k for values in (details or {}).values() for k in values))
     chosen: list[str] = []
+    extra: list[str] = []
     for pattern in patterns:
         found = [c for c in metrics if fnmatch.fnmatchcase(c, pattern)]
-        if not found:
-            top = list(dict.fromkeys(c.split(".")[0] + (".*" if "." in c else "") for c in metrics
-                                     if not c.startswith("metrics.json:")))
-            raise FSCILError(f"-m {pattern}: no such metric (metrics.json has {', '.join(top)})")
-        chosen += [c for c in found if c not in chosen]
-    return chosen
+        if found:
+            chosen += [c for c in found if c not in chosen]
+            continue
+        more = [k for k in detail_keys if fnmatch.fnmatchcase(k, pattern)]
+        if not more:
+            raise FSCILError(f"-m {pattern}: no such metric (metrics.json has {_keys(metrics)}"
+                             + (f"; {DETAILS} has {_keys(detail_keys)})" if detail_keys else ")"))
+        extra += [k for k in more if k not in extra]
+    return chosen, extra
 
 
-def compare(csv_text: str, rows: list[str] | None = None, metrics: tuple[str, ...] = HEADLINE
-            ) -> tuple[pd.DataFrame, dict[str, str]]:
-    """A table with one column per chosen row (all finished rows when `rows` is empty) and, as its rows, the
-    resolved params that differ between them, then `metrics` (keys or shell patterns); and the rows left out as
-    unfinished. Deps (file hashes) and DVC's bookkeeping columns are left out; a name that matches no row, or an
-    unfinished one, is a one-line error."""
+def _keys(columns: list[str]) -> str:
+    return ", ".join(dict.fromkeys(c.split(".")[0] + (".*" if "." in c else "") for c in columns
+                                   if not c.startswith("metrics.json:")))
+
+
+def compare(csv_text: str, rows: list[str] | None = None, metrics: tuple[str, ...] = HEADLINE,
+            details: Callable[[str], dict] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
+    """(params, metrics, unfinished): for the chosen rows (all finished rows when `rows` is empty), one row per run,
+    the resolved params that differ between them (and seed, when there is one) and the chosen `metrics` (keys or
+    shell patterns; one that metrics.json lacks is read from `details`(row name), the row's details.json); and the
+    rows left out as unfinished. Deps (file hashes) and DVC's bookkeeping columns are left out; a name that matches
+    no row, or an unfinished one, is a one-line error."""
     table = pd.read_csv(io.StringIO(csv_text), dtype=str, keep_default_na=False)
     if table.empty:
         raise FSCILError("dvc exp show listed no rows (run `dvc repro` or `dvc exp run` first)")
@@ -90,13 +120,51 @@ def compare(csv_text: str, rows: list[str] | None = None, metrics: tuple[str, ..
             raise FSCILError(f"no results for {described(pending)} yet" if pending else
                              f"no row named {', '.join(missing)} in dvc exp show (rows: {', '.join(table.index)})")
         table = table.loc[rows]
-    chosen = metric_columns(table, metrics)
-    params = [c for c in table.columns if c not in _ROW_COLUMNS and c not in chosen and not _is_dep(c)
-              and not _is_metric(c)]
-    differing = [c for c in params if table[c].nunique() > 1]
-    out = table[differing + chosen].T
-    out.index = [c.split(":", 1)[1] if c.startswith("data/config/run.yaml:") else c for c in out.index]
-    return out, unfinished
+    exp_metrics = [c for c in table.columns if _is_metric(c)]
+    needs_details = any(not any(fnmatch.fnmatchcase(c, p) for c in exp_metrics) for p in metrics)
+    loaded = ({row: flat_numbers(details(row)) for row in table.index} if details is not None and needs_details
+              else None)
+    chosen, extra = metric_columns(table, metrics, loaded)
+    params = [c for c in table.columns if c not in _ROW_COLUMNS and not _is_dep(c) and not _is_metric(c)]
+    differing = [c for c in params if table[c].nunique() > 1 or _param_name(c) == SEED]
+    out_params = table[differing].rename(columns=_param_name)
+    out_metrics = table[chosen].apply(pd.to_numeric, errors="coerce")
+    for key in extra:
+        out_metrics[key] = [loaded[row].get(key) for row in table.index]
+    return out_params, out_metrics, unfinished
+
+
+def compare_text(params: pd.DataFrame, metrics: pd.DataFrame) -> str:
+    """Side by side (one column per run: the params that differ, then the metrics) when no setting ran with more
+    than one seed; else grouped over seeds: each setting's mean +- SE over its seeds, and for two settings their
+    paired difference (pipeline/research/seeds.py)."""
+    if not has_repeated_settings(params):
+        shown = params.drop(columns=[SEED]) if SEED in params and params[SEED].nunique() < 2 else params
+        side = pd.concat([shown.astype(object), metrics.astype(object)], axis=1).T
+        side.columns.name = None
+        return side.to_string()
+    settings = setting_labels(params)
+    text = by_setting(settings, params[SEED], metrics).to_string()
+    names = list(dict.fromkeys(settings))
+    if len(names) == 2:
+        a, b = names
+        lines = [p.line() for p in paired(settings, params[SEED], metrics, a, b)]
+        text += f"\n\npaired over the seeds both ran, ({b}) minus ({a}):\n" + "\n".join(lines)
+    return text
+
+
+def details_at(row: str) -> dict:
+    """A row's data/report/details.json (workspace, a commit or branch, or an experiment's name)."""
+    text, _ = file_at(row, DETAILS)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise FSCILError(f"{row}: {DETAILS} is not valid JSON") from None
+
+
+def _param_name(column: str) -> str:
+    """A resolved value's key (run.yaml's columns carry the file's name only when another file has the key)."""
+    return column.split(":", 1)[1] if column.startswith("data/config/run.yaml:") else column
 
 
 def _is_dep(column: str) -> bool:
@@ -105,9 +173,10 @@ def _is_dep(column: str) -> bool:
 
 
 def _is_metric(column: str) -> bool:
-    """metrics.json's keys (summary values, per-session accuracies, prototype baselines, identity echoes)."""
-    return column.startswith(("sessions.", "prototype.", "metrics.json:", "final_")) or column in (
-        "avg", "pd", "final", "base")
+    """metrics.json's keys (the headline; older commits' layout: per-session accuracies, prototype baselines,
+    crossings and identity echoes)."""
+    return column in HEADLINE or column.startswith(("sessions.", "prototype.", "metrics.json:", "final_")) or (
+        column in ("avg", "pd", "final", "base"))
 
 
 SESSIONS_CSV = "data/report/sessions.csv"
@@ -122,25 +191,30 @@ def _git(*args: str) -> subprocess.CompletedProcess:
         raise FSCILError("git is not on PATH") from None
 
 
-def sessions_at(row: str) -> tuple[str, str]:
-    """(sessions.csv's text, where it came from) for `row`: workspace (the file as it is), a commit or branch, or an
+def file_at(row: str, path: str) -> tuple[str, str]:
+    """(the text of `path`, where it came from) for `row`: workspace (the file as it is), a commit or branch, or an
     experiment's name (its ref under refs/exps). A running experiment has no results yet: one-line error."""
     if row == "workspace":
-        path = Path(SESSIONS_CSV)
-        if not path.is_file():
-            raise FSCILError(f"{SESSIONS_CSV}: not found here; run `dvc repro` (or `fscil stage report`) from the "
+        local = Path(path)
+        if not local.is_file():
+            raise FSCILError(f"{path}: not found here; run `dvc repro` (or `fscil stage report`) from the "
                              "repository's root")
-        return path.read_text(), SESSIONS_CSV
+        return local.read_text(), path
     refs = _git("for-each-ref", "--format=%(refname)", "refs/exps").stdout.split()
     named = [r for r in refs if r.rsplit("/", 1)[-1] == row]
     rev = named[0] if named else row
-    done = _git("show", f"{rev}:{SESSIONS_CSV}")
+    done = _git("show", f"{rev}:{path}")
     if done.returncode != 0:
         if _git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").returncode != 0:
             raise FSCILError(f"{row}: no such commit, branch or finished experiment (`dvc exp show` lists them; a "
                              "running one has no results yet)")
-        raise FSCILError(f"{row}: holds no {SESSIONS_CSV} (a run before the report stage?)")
-    return done.stdout, f"{row}:{SESSIONS_CSV}"
+        raise FSCILError(f"{row}: holds no {path} (a run before the report stage, or before {path} existed?)")
+    return done.stdout, f"{row}:{path}"
+
+
+def sessions_at(row: str) -> tuple[str, str]:
+    """(sessions.csv's text, where it came from) for `row` (`file_at`)."""
+    return file_at(row, SESSIONS_CSV)
 
 
 def run_table(text: str) -> tuple[str, pd.DataFrame, dict[str, float]]:
