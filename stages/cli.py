@@ -179,22 +179,62 @@ def speed(params: ParamsOpt = Path("params.yaml"), overrides: SetOpt = None,
 def study(variants: Annotated[str, typer.Option(help="Comma-separated variants (pipeline/variants/).")] = (
               "mlp_baseline,single_ssm,dual_ssm,mamba_fscil"),
           seeds: Annotated[str, typer.Option(help="Comma-separated seeds.")] = "0,1,2",
+          name: Annotated[str, typer.Option("--name", help="Experiment names: <name>-<variant>-s<seed>.")] = "study",
+          metric: Annotated[list[str] | None, typer.Option(
+              "--metric", "-m", help="Metrics to compare (as fscil compare -m).")] = None,
+          in_process: Annotated[bool, typer.Option(
+              "--in-process", help="Run in this process with the study's own cache (--out, --params), outside "
+                                   "DVC: what the research pages' commands ran.")] = False,
           params: ParamsOpt = Path("params.yaml"),
-          out: Annotated[Path | None, typer.Option("--out", help="Output folder (default: <data-dir>/studies/ablation; "
-                                                   "relative: from the project root).")] = None,
+          out: Annotated[Path | None, typer.Option("--out", help="--in-process: the output folder (default: "
+                                                   "<data-dir>/studies/ablation; relative: from the project root).")]
+          = None,
           data_dir: DataDirOpt = Path("data"), quiet: QuietOpt = False, overrides: SetOpt = None,
           reuse_stale: ReuseStaleOpt = False, jobs: JobsOpt = 1) -> None:
-    """Run named variants x seeds through the pipeline's training code and write mean +- std tables and a plot
-    (out/table.md, table.csv, runs.csv, sessions.csv, accuracy.png); slow, not part of `dvc repro`."""
-    from pipeline.config import read_yaml
-    from pipeline.research.study import run_study, study_table, table_markdown
-
-    _config(params, overrides)  # validates params.yaml and pins the thread count
+    """Run named variants x seeds as DVC experiments (`dvc exp run --queue`, `--jobs` queue workers) and print each
+    variant's mean +- SE over the seeds, and for two variants their paired difference (`fscil compare`). Each run
+    is an experiment <name>-<variant>-s<seed> in `dvc exp show` and `dvc plots diff`; a finished one is not run
+    again. --in-process: the study's own runner instead (tables and a plot under --out)."""
     names = [v.strip() for v in variants.split(",") if v.strip()]
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:
         fail(f"--seeds must be comma-separated integers, got {seeds!r}")
+    for variant in names:  # validates params.yaml, the -S keys and each variant before anything runs
+        _config(params, [*(overrides or ()), f"variant={variant}"])
+    _config(params, overrides)  # and pins the thread count
+    if in_process:
+        _study_in_process(names, seed_list, params, out, data_dir, overrides, reuse_stale, jobs)
+        return
+    if out is not None or params != Path("params.yaml") or reuse_stale:
+        fail("--out, --params and --reuse-stale belong to --in-process: a DVC study runs the committed "
+             "params.yaml with -S keys")
+    from pipeline.research.compare import (
+        HEADLINE,
+        compare,
+        compare_text,
+        details_at,
+        exp_show_csv,
+        finished_names,
+        resolved_at,
+    )
+    from pipeline.research.queue import grid, run_grid
+
+    runs = grid(name, names, seed_list, tuple(overrides or ()))
+    failed = _run("study", run_grid, runs, jobs, finished_names(exp_show_csv()), log=say, timed=False)
+    if failed:
+        fail(f"study: {', '.join(failed)} failed (dvc queue logs {failed[0]})")
+    chosen = [n for n, _ in runs]
+    params_frame, metrics, _ = _run("study", compare, exp_show_csv(), chosen, tuple(metric) if metric else HEADLINE,
+                                    details_at, resolved_at, timed=False)
+    typer.echo(compare_text(params_frame, metrics))
+
+
+def _study_in_process(names: list[str], seed_list: list[int], params: Path, out: Path | None, data_dir: Path,
+                      overrides: list[str] | None, reuse_stale: bool, jobs: int) -> None:
+    from pipeline.config import read_yaml
+    from pipeline.research.study import run_study, study_table, table_markdown
+
     out = _project_path(out or data_dir / "studies" / "ablation")
     sessions = _run("study", run_study, read_yaml(params), names, seed_list, out, log=say,
                     overrides=overrides or (), reuse_stale=reuse_stale, jobs=jobs)

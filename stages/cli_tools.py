@@ -336,14 +336,22 @@ def compare_runs(rows: Annotated[list[str] | None, typer.Argument(
                  = None,
                  all_commits: Annotated[bool, typer.Option(help="Rows of every commit, not only HEAD's.")] = False
                  ) -> None:
-    """The rows of `dvc exp show` side by side: the resolved values that differ between them, then their metrics.
+    """The rows of `dvc exp show` side by side: the params and resolved values that differ, then their metrics.
     Rows that differ only in seed are one setting: then each setting's mean +- SE over its seeds, and for two
     settings their paired difference over the seeds both ran. Experiments still running or queued are left out
     (named on stderr)."""
-    from pipeline.research.compare import HEADLINE, compare, compare_text, described, details_at, exp_show_csv
+    from pipeline.research.compare import (
+        HEADLINE,
+        compare,
+        compare_text,
+        described,
+        details_at,
+        exp_show_csv,
+        resolved_at,
+    )
 
     params, metrics, unfinished = _run("compare", compare, exp_show_csv(all_commits), rows or [],
-                                       tuple(metric) if metric else HEADLINE, details_at, timed=False)
+                                       tuple(metric) if metric else HEADLINE, details_at, resolved_at, timed=False)
     if unfinished:
         typer.echo(f"left out, no results yet: {described(unfinished)}", err=True)
     typer.echo(compare_text(params, metrics))

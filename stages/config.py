@@ -1,5 +1,6 @@
 """`fscil stage config`: params.yaml resolved over its preset and variant, every value that runs written to
-data/config/run.yaml (device as resolved on this machine): the stages list the keys they read there as DVC params."""
+data/config/run.yaml (device as resolved on this machine), and for each stage the values it reads to
+data/config/<stage>.yaml, the file its dvc.yaml entry depends on (pipeline.config.STAGE_KEYS)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,18 @@ def command(params: Path, data_dir: Path, overrides: list[str], quiet: bool = Fa
     import yaml
 
     from pipeline.atomic import atomic_write_text
-    from pipeline.config import run_values
+    from pipeline.config import STAGE_KEYS, run_values, stage_values
     from pipeline.device import resolved_device_name
 
     cfg = load_config(params, overrides)
-    path = StagePaths(data_dir).run_config
+    paths = StagePaths(data_dir)
     device = resolved_device_name(cfg.device)
-    atomic_write_text(path, yaml.safe_dump(run_values(cfg, device), sort_keys=False))
-    print(f"config: {cfg.method}, seed {cfg.seed}, device {device} -> {path}", flush=True)
+    values = run_values(cfg, device)
+    atomic_write_text(paths.run_config, yaml.safe_dump(values, sort_keys=False))
+    for stage in STAGE_KEYS:
+        atomic_write_text(paths.stage_config(stage), yaml.safe_dump(stage_values(values, stage), sort_keys=False))
+    print(f"config: {cfg.method}, seed {cfg.seed}, device {device} -> {paths.run_config} and the stages' files",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""dvc.yaml's code dependencies and params, generated: each stage depends on exactly the code its command imports
-and on the resolved values it reads (`pipeline.config.STAGE_KEYS`).
+"""dvc.yaml's code dependencies, generated: each stage depends on exactly the code its command imports (and, written
+by hand, on data/config/<stage>.yaml, the resolved values it reads: `pipeline.config.STAGE_KEYS`).
 
 A stage's command is `stages/run <name>` (`python -m stages.<name>`); its code is that module and every module of
 ours it imports, at the top of a file or inside a function, transitively (read with `ast`, nothing is imported).
@@ -155,16 +155,9 @@ def stage_code(stage: str, root: Path = REPO) -> list[str]:
     return sorted(code | {LAUNCHER})
 
 
-def stage_params(stage: str) -> str:
-    """The stage's params line: the keys of data/config/run.yaml it reads (`pipeline.config.STAGE_KEYS`)."""
-    from pipeline.config import STAGE_KEYS
-
-    return f"data/config/run.yaml: [{', '.join(STAGE_KEYS[stage])}]"
-
-
 def is_code(dep: str, stage: str, root: Path = REPO) -> bool:
     """A dep this generator owns: a code file, or a folder of our packages (the config stage keeps the preset and
-    variant folders it reads; the other stages read the resolved values in data/config/run.yaml instead)."""
+    variant folders it reads; the other stages read their resolved values in data/config/<stage>.yaml instead)."""
     if dep.endswith(".py") or dep == LAUNCHER:
         return True
     return stage != "config" and dep.split("/")[0] in PACKAGES and (root / dep).is_dir()
@@ -173,7 +166,6 @@ def is_code(dep: str, stage: str, root: Path = REPO) -> bool:
 _STAGE = re.compile(r"^  ([\w-]+):\s*$")
 _CMD = re.compile(r"^\s+cmd:\s*stages/run\s+([\w-]+)")
 _DEPS = re.compile(r"^(\s+)deps:\s*$")
-_PARAMS = re.compile(r"^(\s+)params:\s*$")
 
 
 def generate(text: str, root: Path = REPO) -> str:
@@ -189,12 +181,6 @@ def generate(text: str, root: Path = REPO) -> str:
             stage = m.group(1)
         out.append(line)
         i += 1
-        if (p := _PARAMS.match(line)) and stage is not None and stage != "config" and i < len(lines):
-            item = f"{p.group(1)}  - "
-            if lines[i].startswith(item + "data/config/run.yaml:"):
-                out.append(item + stage_params(stage))
-                i += 1
-            continue
         m = _DEPS.match(line)
         if not m or stage is None:
             continue

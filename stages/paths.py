@@ -12,8 +12,12 @@ class StagePaths:
 
     @property
     def run_config(self) -> Path:
-        """Every resolved value that runs (written by `fscil stage config`; the stages' DVC params)."""
+        """Every resolved value that runs (written by `fscil stage config`)."""
         return self.data_dir / "config" / "run.yaml"
+
+    def stage_config(self, stage: str) -> Path:
+        """The resolved values `stage` reads (pipeline.config.STAGE_KEYS), the file dvc.yaml's stage depends on."""
+        return self.data_dir / "config" / f"{stage}.yaml"
 
     @property
     def pack(self) -> Path:

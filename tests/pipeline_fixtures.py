@@ -45,9 +45,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def project_copy(root: Path, *files: str) -> None:
-    """The pipeline as a DVC project in `root` (dvc.yaml, .dvcignore, pipeline/, stages/ and `files` of the
-    repository), for tests that run `dvc` on it: its stages run the copied code."""
-    for name in ("dvc.yaml", ".dvcignore", *files):
+    """The pipeline as a DVC project in `root` (dvc.yaml, .dvcignore, pipeline/, stages/, data/raw/README.md and
+    `files` of the repository), for tests that run `dvc` on it: its stages run the copied code."""
+    (root / "data" / "raw").mkdir(parents=True, exist_ok=True)
+    for name in ("dvc.yaml", ".dvcignore", "data/raw/README.md", *files):
         shutil.copy(REPO / name, root / name)
     for name in ("pipeline", "stages"):
         shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))

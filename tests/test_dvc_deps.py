@@ -57,18 +57,32 @@ def test_the_generator_rewrites_stale_deps(tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(STAGE_KEYS))
-def test_stage_params_are_the_resolved_values_it_reads(name):
+def test_each_stage_depends_on_the_resolved_values_it_reads(name):
     """Preset and variant files are read through `fscil stage config`, which writes every resolved value to
-    data/config/run.yaml: each stage lists exactly its STAGE_KEYS there as DVC params (device and deterministic
-    included where a stage computes), and the config stage depends on the presets, the variants and params.yaml, the
-    last as a file: params.yaml's keys are DVC params through run.yaml alone, so `dvc exp show` lists each once."""
-    assert STAGES[name]["params"] == [{"data/config/run.yaml": list(STAGE_KEYS[name])}]
+    data/config/run.yaml and each stage's STAGE_KEYS to data/config/<stage>.yaml: each stage depends on its own file
+    (device and deterministic in it where a stage computes) and declares no params, so `dvc exp show` lists each of
+    params.yaml's keys once; the config stage depends on the presets and the variants, with params.yaml as params."""
+    deps = STAGES[name]["deps"]
+    assert deps[0] == f"data/config/{name}.yaml" and "params" not in STAGES[name]
     config = STAGES["config"]
-    assert {"params.yaml", "pipeline/presets", "pipeline/variants"} <= set(config["deps"])
-    assert "params" not in config
-    assert [next(iter(o)) for o in config["outs"]] == ["data/config/run.yaml"]
+    assert {"pipeline/presets", "pipeline/variants"} <= set(config["deps"])
+    assert config["params"] == [{"params.yaml": None}]
+    assert [next(iter(o)) for o in config["outs"]] == ["data/config/run.yaml"] + [
+        f"data/config/{stage}.yaml" for stage in STAGE_KEYS]
     for key in ("device", "deterministic"):
         assert (key in STAGE_KEYS[name]) == (name in ("base", "extract", "incremental"))
+
+
+def test_a_stage_file_holds_exactly_the_keys_its_stage_reads():
+    """stage_values on a resolved config: the stage's sections whole, a dotted key with its section around it."""
+    from pipeline.config import build_config, run_values, stage_values
+
+    values = run_values(build_config({"preset": "synthetic_quick"}), "cpu")
+    report = stage_values(values, "report")
+    assert report == {"preset": values["preset"], "variant": values["variant"], "method": values["method"],
+                      "seed": values["seed"], "model": {"projector": values["model"]["projector"]}}
+    assert stage_values(values, "incremental")["incremental"] == values["incremental"]
+    assert set(stage_values(values, "prepare")) == {"seed", "data", "sessions"}
 
 
 def test_the_config_stage_depends_on_config_code_only():

@@ -318,7 +318,7 @@ def test_bad_arguments_make_no_folder(tmp_path):
 
     params = write_params(tmp_path / "params.yaml")
     out = tmp_path / "studies" / "x"
-    result = cli("study", "--params", str(params), "--variants", "mamba_fscil,nope", "--out", str(out))
+    result = cli("study", "--in-process", "--params", str(params), "--variants", "mamba_fscil,nope", "--out", str(out))
     assert result.exit_code == 2 and "variant 'nope' does not exist" in result.output
     assert not (tmp_path / "studies").exists()
 

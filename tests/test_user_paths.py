@@ -86,14 +86,14 @@ def test_export_to_the_working_folder_of_a_repository_deletes_nothing(tiny_run, 
 
 def test_output_folders_are_replaced_only_when_the_command_wrote_them(users, tmp_path):
     before = _tree(users)
-    for args in (["select", "--out", str(users)], ["study", "--out", str(users)], ["speed", "--out", str(users)],
-                 ["model", "cost", "--out", str(users)]):
+    for args in (["select", "--out", str(users)], ["study", "--in-process", "--out", str(users)],
+                 ["speed", "--out", str(users)], ["model", "cost", "--out", str(users)]):
         _refused(cli(*args), users, before, "did not write")
     # the scratch and work folders next to an output folder, and speed's pack cache
     work = tmp_path / "runs.work"
     work.mkdir()
     (work / "mine.txt").write_text("x")
-    for args in (["speed", "--out", str(tmp_path / "runs")], ["study", "--out", str(tmp_path / "runs")],
+    for args in (["speed", "--out", str(tmp_path / "runs")], ["study", "--in-process", "--out", str(tmp_path / "runs")],
                  ["speed", "--out", str(tmp_path / "new"), "--pack-cache", str(users)]):
         result = cli(*args)
         assert result.exit_code == 2 and "did not write" in result.output, result.output

@@ -34,6 +34,7 @@ from pipeline.config.run import (
     preset_model_config,
     run_values,
     session_map,
+    stage_values,
 )
 
 __all__ = [
@@ -41,5 +42,6 @@ __all__ = [
     "available_presets", "available_variants", "build_config", "check_against_data", "check_combination",
     "check_session_map", "check_sessions_match", "describe_file", "dump_yaml", "flatten", "load_config",
     "load_yaml_text", "nest",
-    "preset_model_config", "read_preset", "read_yaml", "resolve_params", "run_values", "session_map", "variant_keys",
+    "preset_model_config", "read_preset", "read_yaml", "resolve_params", "run_values", "session_map", "stage_values",
+    "variant_keys",
 ]

@@ -50,8 +50,8 @@ class Config(TopLevel):
 
 
 # what each dvc.yaml stage reads of the resolved config. `fscil stage config` writes every resolved value to
-# data/config/run.yaml and each stage lists its keys there as DVC params (tests/test_dvc_deps.py checks dvc.yaml
-# against this table): a changed value re-runs exactly its readers, and `dvc exp show` / `dvc params diff` show it.
+# data/config/run.yaml and, for each stage, these keys to data/config/<stage>.yaml, the file that stage depends on
+# (tests/test_dvc_deps.py checks dvc.yaml against this table): a changed value re-runs exactly its readers.
 # `device` is written resolved (auto -> cpu or cuda), so a run moved to a GPU re-runs the stages that compute.
 STAGE_KEYS = {
     "prepare": ("seed", "data", "sessions"),
@@ -69,6 +69,19 @@ def run_values(cfg: Config, device: str | None = None) -> dict[str, Any]:
     out = {"preset": cfg.preset, "variant": cfg.variant, "method": cfg.method, **cfg.to_dict(),
            "sessions": cfg.sessions}
     out["device"] = device or cfg.device
+    return out
+
+
+def stage_values(values: dict[str, Any], stage: str) -> dict[str, Any]:
+    """What data/config/<stage>.yaml holds: the part of `run_values` that `stage` reads (STAGE_KEYS; a dotted key
+    such as model.projector keeps its section around it)."""
+    out: dict[str, Any] = {}
+    for key in STAGE_KEYS[stage]:
+        section, _, name = key.partition(".")
+        if name:
+            out.setdefault(section, {})[name] = values[section][name]
+        else:
+            out[key] = values[key]
     return out
 
 

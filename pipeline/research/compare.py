@@ -3,9 +3,10 @@ when a setting ran with several seeds, each setting's mean +- SE over its seeds 
 (pipeline/research/seeds.py); `fscil show`: a run's per-session table (data/report/sessions.csv) as the workspace, a
 commit or an experiment has it.
 
-`dvc exp show` lists every resolved value (data/config/run.yaml, tracked by git like metrics.json) and the headline
-metrics (metrics.json); comparing two variants means finding the few values that differ; this does it. Metrics
-beyond the headline (per session, per baseline) come from each row's data/report/details.json.
+`dvc exp show` lists params.yaml's keys and the headline metrics (metrics.json); every resolved value that ran is in
+each row's data/config/run.yaml (tracked by git like metrics.json). Comparing two variants means finding the few
+values that differ: the params, then the resolved values (a variant's or preset's own). Metrics beyond the headline
+(per session, per baseline) come from each row's data/report/details.json.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import fnmatch
 import io
 import json
+import re
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -21,17 +23,19 @@ import pandas as pd
 
 from pipeline.errors import FSCILError
 from pipeline.report import DETAILS_FILE, HEADLINE, prototype_columns, summarise, summarise_prototypes
+from pipeline.research.queue import queue_env
 from pipeline.research.seeds import SEED, by_setting, has_repeated_settings, paired, setting_labels
 
 _ROW_COLUMNS = ("Experiment", "rev", "typ", "Created", "parent", "State", "Executor")
 DETAILS = f"data/report/{DETAILS_FILE}"
+RUN_YAML = "data/config/run.yaml"
 
 
 def exp_show_csv(all_commits: bool = False) -> str:
     """`dvc exp show --csv` of the repository in the working directory (one-line error when DVC fails)."""
     cmd = ["dvc", "exp", "show", "--csv", *(["--all-commits"] if all_commits else [])]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    try:  # the dvc of this environment, activated or not
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=queue_env(1))
     except FileNotFoundError:
         raise FSCILError("dvc is not on PATH (source .venv/bin/activate, or run `make install`)") from None
     if done.returncode != 0:
@@ -57,21 +61,35 @@ def finished_rows(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
     return table[~unfinished], {name: s.lower() for name, s in state[unfinished].items()}
 
 
+def finished_names(csv_text: str) -> set[str]:
+    """The names of the rows of `dvc exp show --csv` that have results of their own."""
+    table = pd.read_csv(io.StringIO(csv_text), dtype=str, keep_default_na=False)
+    if table.empty:
+        return set()
+    table.index = row_names(table)
+    return set(finished_rows(table)[0].index)
+
+
 def described(rows: dict[str, str]) -> str:
     """'name (state), ...' of `finished_rows`' left-out rows."""
     return ", ".join(f"{name} ({state})" for name, state in rows.items())
 
 
-def flat_numbers(values: dict, prefix: str = "") -> dict[str, float]:
-    """{'sessions.s1': 68.7, 'prototype.backbone.avg': ...}: the numbers of a nested metrics dict (text left out)."""
-    out: dict[str, float] = {}
+def flat_values(values: dict, prefix: str = "") -> dict:
+    """{'sessions.s1': 68.7, 'model.projector': 'dual_ssm', ...}: a nested dict's leaves under dotted keys."""
+    out: dict = {}
     for key, value in values.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
-            out.update(flat_numbers(value, f"{name}."))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.update(flat_values(value, f"{name}."))
+        else:
             out[name] = value
     return out
+
+
+def flat_numbers(values: dict) -> dict[str, float]:
+    """`flat_values`' numbers (a metrics dict without its text)."""
+    return {k: v for k, v in flat_values(values).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def metric_columns(table: pd.DataFrame, patterns: tuple[str, ...],
@@ -102,12 +120,14 @@ def _keys(columns: list[str]) -> str:
 
 
 def compare(csv_text: str, rows: list[str] | None = None, metrics: tuple[str, ...] = HEADLINE,
-            details: Callable[[str], dict] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
+            details: Callable[[str], dict] | None = None, resolved: Callable[[str], dict] | None = None
+            ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, str]]:
     """(params, metrics, unfinished): for the chosen rows (all finished rows when `rows` is empty), one row per run,
-    the resolved params that differ between them (and seed, when there is one) and the chosen `metrics` (keys or
-    shell patterns; one that metrics.json lacks is read from `details`(row name), the row's details.json); and the
-    rows left out as unfinished. Deps (file hashes) and DVC's bookkeeping columns are left out; a name that matches
-    no row, or an unfinished one, is a one-line error."""
+    the params that differ between them (params.yaml's, as `dvc exp show` lists them, and seed, when there is one;
+    then the resolved values of `resolved`(row name), a row's run.yaml, that differ too) and the chosen `metrics`
+    (keys or shell patterns; one that metrics.json lacks is read from `details`(row name), the row's details.json);
+    and the rows left out as unfinished. Deps (file hashes) and DVC's bookkeeping columns are left out; a name that
+    matches no row, or an unfinished one, is a one-line error."""
     table = pd.read_csv(io.StringIO(csv_text), dtype=str, keep_default_na=False)
     if table.empty:
         raise FSCILError("dvc exp show listed no rows (run `dvc repro` or `dvc exp run` first)")
@@ -128,6 +148,11 @@ def compare(csv_text: str, rows: list[str] | None = None, metrics: tuple[str, ..
     params = [c for c in table.columns if c not in _ROW_COLUMNS and not _is_dep(c) and not _is_metric(c)]
     differing = [c for c in params if table[c].nunique() > 1 or _param_name(c) == SEED]
     out_params = table[differing].rename(columns=_param_name)
+    if resolved is not None:
+        values = pd.DataFrame([flat_values(resolved(row)) for row in table.index], index=table.index).astype(str)
+        more = [c for c in values.columns if c not in out_params.columns and values[c].nunique() > 1]
+        out_params = pd.concat([out_params, values[more]], axis=1)
+        out_params.attrs["resolved"] = more  # shown, but no part of a setting (data.seed follows seed)
     out_metrics = table[chosen].apply(pd.to_numeric, errors="coerce")
     for key in extra:
         out_metrics[key] = [loaded[row].get(key) for row in table.index]
@@ -136,19 +161,20 @@ def compare(csv_text: str, rows: list[str] | None = None, metrics: tuple[str, ..
 
 def compare_text(params: pd.DataFrame, metrics: pd.DataFrame) -> str:
     """Side by side (one column per run: the params that differ, then the metrics) when no setting ran with more
-    than one seed; else grouped over seeds: each setting's mean +- SE over its seeds, and for two settings their
-    paired difference (pipeline/research/seeds.py)."""
-    if not has_repeated_settings(params):
+    than one seed; else grouped over seeds: each setting (its params.yaml keys; resolved values only follow them)
+    with its mean +- SE over its seeds, and for two settings their paired difference (pipeline/research/seeds.py)."""
+    own = params[[c for c in params.columns if c not in params.attrs.get("resolved", [])]]  # params.yaml's keys
+    if not has_repeated_settings(own):
         shown = params.drop(columns=[SEED]) if SEED in params and params[SEED].nunique() < 2 else params
         side = pd.concat([shown.astype(object), metrics.astype(object)], axis=1).T
         side.columns.name = None
         return side.to_string()
-    settings = setting_labels(params)
-    text = by_setting(settings, params[SEED], metrics).to_string()
+    settings = setting_labels(own)
+    text = by_setting(settings, own[SEED], metrics).to_string()
     names = list(dict.fromkeys(settings))
     if len(names) == 2:
         a, b = names
-        lines = [p.line() for p in paired(settings, params[SEED], metrics, a, b)]
+        lines = [p.line() for p in paired(settings, own[SEED], metrics, a, b)]
         text += f"\n\npaired over the seeds both ran, ({b}) minus ({a}):\n" + "\n".join(lines)
     return text
 
@@ -162,9 +188,19 @@ def details_at(row: str) -> dict:
         raise FSCILError(f"{row}: {DETAILS} is not valid JSON") from None
 
 
+def resolved_at(row: str) -> dict:
+    """A row's data/config/run.yaml (every resolved value that ran); empty when the row has none."""
+    import yaml
+
+    try:
+        return yaml.safe_load(file_at(row, RUN_YAML)[0]) or {}
+    except FSCILError:
+        return {}
+
+
 def _param_name(column: str) -> str:
-    """A resolved value's key (run.yaml's columns carry the file's name only when another file has the key)."""
-    return column.split(":", 1)[1] if column.startswith("data/config/run.yaml:") else column
+    """A param's key (a column carries its file's name when another params file has the key too)."""
+    return column.split(":", 1)[1] if column.startswith(("params.yaml:", "data/config/run.yaml:")) else column
 
 
 def _is_dep(column: str) -> bool:
@@ -175,8 +211,8 @@ def _is_dep(column: str) -> bool:
 def _is_metric(column: str) -> bool:
     """metrics.json's keys (the headline; older commits' layout: per-session accuracies, prototype baselines,
     crossings and identity echoes)."""
-    return column in HEADLINE or column.startswith(("sessions.", "prototype.", "metrics.json:", "final_")) or (
-        column in ("avg", "pd", "final", "base"))
+    return (column in HEADLINE or bool(re.fullmatch(r"sessions\.s\d+", column))  # params.yaml has sessions.1, ...
+            or column.startswith(("prototype.", "metrics.json:", "final_")))
 
 
 SESSIONS_CSV = "data/report/sessions.csv"
