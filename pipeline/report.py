@@ -102,11 +102,35 @@ def summarise_prototypes(table: pd.DataFrame) -> dict:
     return summaries
 
 
+def standing(table: pd.DataFrame, suspects: list[str] | None = None) -> list[str]:
+    """Where a run stands against the class means of its own backbone (the baseline a trained projector must beat),
+    and what looks wrong: its AVG beside theirs, then a warning when novel accuracy is 0 in every session after the
+    base one, or when the run ends below its own class means. `suspects`: 'key=value' of the keys the user set that
+    the sessions read (params.yaml or -S), named as the likely cause."""
+    method = summarise(table)
+    means = summarise_prototypes(table).get("backbone")
+    lines = []
+    if means:
+        diff = method["avg"] - means["avg"]
+        lines.append(f"AVG {method['avg']:.2f} against the class means of its own backbone {means['avg']:.2f}: "
+                     f"{diff:+.2f}" + ("" if diff > 0 else ", not above them"))
+    cause = f" (keys you set that the sessions read: {', '.join(suspects)})" if suspects else ""
+    novel = pd.to_numeric(table.loc[table["session"] >= 1, "novel_acc"], errors="coerce")
+    if len(novel) and (novel.fillna(0) == 0).all():
+        lines.append("warning: novel accuracy is 0 in every session after the base one: the sessions learned none "
+                     f"of the new classes{cause}")
+    if means and method["final"] < means["final"]:
+        lines.append(f"warning: the run ends below the class means of its own backbone (final {method['final']:.2f} "
+                     f"against {means['final']:.2f}){cause}")
+    return lines
+
+
 def write_report(results: list[dict], metrics_path: Path, out_dir: Path, title: str = "Mamba-FSCIL",
-                 arrays: dict | None = None, identity: dict | None = None) -> dict:
+                 arrays: dict | None = None, identity: dict | None = None, suspects: list[str] | None = None) -> dict:
     """Write metrics.json (`headline`), out_dir/details.json (the whole summary: `identity`, e.g. preset / variant /
     method / seed, then AVG, PD, final, the last session's base / novel accuracies and crossings, every session's
-    accuracy, and the prototype baselines' summaries under "prototype" when every session has them),
+    accuracy, the prototype baselines' summaries under "prototype" when every session has them, and the run's
+    `standing` against its own class means, `suspects` named in its warnings),
     out_dir/sessions.csv (`identity` a column of every row) and the pictures: accuracy.png, diagnostics.png when
     the sessions have diagnostics, and from `arrays` (the last session's diagnostics.npz) z_histogram.png, tsne.png
     and, for projectors that generate B, b_maps.png; returns the whole summary."""
@@ -118,6 +142,7 @@ def write_report(results: list[dict], metrics_path: Path, out_dir: Path, title: 
     prototype = summarise_prototypes(table)
     if prototype:
         summary["prototype"] = prototype
+    summary["standing"] = standing(table, suspects)
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_output(out_dir / "sessions.csv") as tmp:
         table.assign(**identity).to_csv(tmp, index=False)

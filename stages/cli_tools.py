@@ -30,6 +30,10 @@ def _trained(session: int | None, model: Path | None, params: Path, data_dir: Pa
         fail("give --session N (0: the base model) or --model FILE (from `fscil export`)")
     cfg = _config(params, overrides)
     paths = _paths(data_dir)
+    made = paths.base if session == 0 else paths.session(session)
+    if not made.exists():
+        fail(f"{made}: not found: this run has not trained session {session} yet (`make repro`, or `dvc repro`, "
+             "trains every session of params.yaml)")
     return _run("load", apply.load_session_model, cfg, paths.base, paths.pack, paths.data_dir / "sessions", session,
                 paths.features if learnable else None, timed=False)
 
@@ -47,6 +51,9 @@ def export(out: Annotated[Path, typer.Argument(help="The .safetensors file to wr
     from pipeline.training import apply
 
     _run("export", claim_file, out, "fscil export", "a model file", apply.is_export, "model.safetensors", timed=False)
+    if out.suffix != ".safetensors":
+        fail(f"{out}: the file is safetensors: name it {out.with_suffix('.safetensors').name} (`fscil predict --model` "
+             "and `fscil learn --model` read it)")
     learnable = _paths(data_dir).features.exists()
     trained = _trained(session, None, params, data_dir, overrides, learnable=learnable)
     _run("export", apply.export_model, trained, out, code_version(), timed=False)

@@ -47,7 +47,16 @@ def run(paths: StagePaths, metrics_path: Path, cfg) -> dict:
     last = paths.session(int(base["num_sessions"]) - 1) / ARRAYS_FILE
     arrays = dict(np.load(last)) if last.is_file() else None
     identity = {"preset": cfg.preset, "variant": cfg.variant, "method": cfg.method, "seed": cfg.seed}
-    return write_report(results, metrics_path, paths.report, title, arrays, identity)
+    return write_report(results, metrics_path, paths.report, title, arrays, identity, set_by_you(cfg, "incremental"))
+
+
+def set_by_you(cfg, section: str) -> list[str]:
+    """'key=value' of the keys of `section` that params.yaml or -S set (not a preset, a variant or a default)."""
+    from pipeline.config import flatten
+
+    values = flatten({section: getattr(cfg, section).values()}, "config")
+    return [f"{key}={value}" for key, value in values.items()
+            if not cfg.origins.get(key, "default").startswith(("default", "preset", "variant", "seed ("))]
 
 
 def command(params: Path, data_dir: Path, overrides: list[str], metrics: Path = Path("metrics.json"),
@@ -58,6 +67,8 @@ def command(params: Path, data_dir: Path, overrides: list[str], metrics: Path = 
     print(f"{summary['method']}, seed {summary['seed']}")
     print(" ".join(f"{k}={v:.2f}" for k, v in summary["sessions"].items()))
     print(f"AVG {summary['avg']:.2f}  PD {summary['pd']:.2f}  final {summary['final']:.2f}", flush=True)
+    for line in summary["standing"]:
+        print(line, flush=True)
 
 
 def _options():

@@ -99,9 +99,10 @@ def test_every_row_has_the_resolved_values_and_plots_diff_needs_no_cache(tmp_pat
         "mamba_fscil on synthetic, seed 0", "mamba_fscil on synthetic, seed 0", "mlp_baseline on synthetic, seed 0"]
     exp = list(csv.DictReader(io.StringIO(_run(["git", "show", f"{named['try-mlp']['rev']}:data/report/sessions.csv"],
                                                tmp_path))))
-    last = blocks[2].splitlines()[-2].split()
-    assert float(last[2]) == pytest.approx(float(exp[-1]["acc"]), abs=0.005)  # seen accuracy of the last session
-    assert blocks[2].splitlines()[-1].startswith(f"AVG {sum(float(r['acc']) for r in exp) / len(exp):.2f}")
+    lines = blocks[2].splitlines()  # name, header, sessions 0-3, the AVG line, the standing line (and warnings)
+    assert float(lines[5].split()[2]) == pytest.approx(float(exp[-1]["acc"]), abs=0.005)  # the last session's seen
+    avg = f"AVG {sum(float(r['acc']) for r in exp) / len(exp):.2f}"
+    assert lines[6].startswith(f"{avg}  PD ") and lines[7].startswith(f"{avg} against the class means of its own")
 
 
 def test_fscil_compare_names_the_rows_it_leaves_out_with_their_state(monkeypatch):
@@ -149,5 +150,6 @@ def test_show_summarises_a_sessions_csv_as_the_report_does():
                                                                 "class means"]
     assert summary == pytest.approx({"AVG": 63.3333, "PD": 30.0, "final": 50.0, "class means AVG": 58.6667,
                                      "class means final": 40.0})
-    assert show_text(text, "here").splitlines()[-1] == (
-        "AVG 63.33  PD 30.00  final 50.00  class means AVG 58.67  class means final 40.00")
+    assert show_text(text, "here").splitlines()[-2:] == [
+        "AVG 63.33  PD 30.00  final 50.00  class means AVG 58.67  class means final 40.00",
+        "AVG 63.33 against the class means of its own backbone 58.67: +4.67"]

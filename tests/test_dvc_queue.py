@@ -36,6 +36,20 @@ def _run(cmd: list[str], cwd: Path) -> str:
     return result.stdout + result.stderr
 
 
+def tiny_repository(project: Path, params: dict) -> str:
+    """`project` (the pipeline copied, the environment linked as a clone's .venv) with `params` as a committed git
+    and DVC repository, branch main; returns the dvc command."""
+    project_copy(project, ".gitignore", "Makefile")
+    (project / ".venv").symlink_to(sys.prefix)  # a clone after `make install` (git-ignored, in no experiment's copy)
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    dvc = str(BIN / "dvc")
+    _run(["git", "init", "-q", "-b", "main"], project)
+    _run([dvc, "init", "-q"], project)
+    _run(["git", "add", "-A"], project)
+    _run(["git", "commit", "-qm", "the tiny pipeline"], project)
+    return dvc
+
+
 def _with(params: dict, change: dict) -> dict:
     """params with `-S`-style dotted keys set."""
     out = yaml.safe_load(yaml.safe_dump(params))
@@ -51,16 +65,9 @@ def _with(params: dict, change: dict) -> dict:
 def test_two_queued_experiments_run_side_by_side_and_each_gives_its_numbers_alone(tmp_path):
     project = tmp_path / "project"
     project.mkdir()
-    project_copy(project, ".gitignore", "Makefile")
-    (project / ".venv").symlink_to(sys.prefix)  # a clone after `make install` (git-ignored, in no experiment's copy)
     # one intra-op thread each: two experiments at once on a small CPU (threads is a param: the runs alone use it too)
     params = {**TINY_PARAMS, "threads": 1, "sessions": session_map(3)}
-    (project / "params.yaml").write_text(yaml.safe_dump(params))
-    dvc = str(BIN / "dvc")
-    _run(["git", "init", "-q", "-b", "main"], project)
-    _run([dvc, "init", "-q"], project)
-    _run(["git", "add", "-A"], project)
-    _run(["git", "commit", "-qm", "the tiny pipeline"], project)
+    dvc = tiny_repository(project, params)
 
     grid = {"seed-1": {"seed": 1}, "lam5": {"incremental.lambda1": 5.0}}
     for name, change in grid.items():

@@ -8,14 +8,12 @@ from __future__ import annotations
 import csv
 import io
 import math
-import sys
 
 import pytest
-import yaml
 
 from pipeline.config import session_map
-from tests.pipeline_fixtures import TINY_PARAMS, project_copy
-from tests.test_dvc_queue import BIN, _run
+from tests.pipeline_fixtures import TINY_PARAMS
+from tests.test_dvc_queue import BIN, _run, tiny_repository
 
 pytestmark = pytest.mark.skipif(not (BIN / "dvc").exists(), reason="dvc is not installed in this environment")
 
@@ -29,18 +27,11 @@ def _mean_se(values: list[float]) -> str:
 def test_a_study_is_a_grid_of_queued_experiments_compared_over_seeds(tmp_path):
     project = tmp_path / "project"
     project.mkdir()
-    project_copy(project, ".gitignore")
-    (project / ".venv").symlink_to(sys.prefix)
     params = {k: v for k, v in TINY_PARAMS.items() if k != "variant_params"}
     params["incremental"] = {k: v for k, v in params["incremental"].items()
                              if k not in ("lambda1", "lambda2", "lambda3", "freeze_base")}  # the variants' own
     params.update({"variant": "mamba_fscil", "threads": 1, "sessions": session_map(3)})
-    (project / "params.yaml").write_text(yaml.safe_dump(params))
-    dvc = str(BIN / "dvc")
-    _run(["git", "init", "-q", "-b", "main"], project)
-    _run([dvc, "init", "-q"], project)
-    _run(["git", "add", "-A"], project)
-    _run(["git", "commit", "-qm", "the tiny pipeline"], project)
+    dvc = tiny_repository(project, params)
 
     study = [str(BIN / "fscil"), "study", "--variants", "mamba_fscil,mlp_baseline", "--seeds", "0,1", "--jobs", "2",
              "-m", "avg", "-m", "final"]

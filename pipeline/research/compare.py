@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.errors import FSCILError
-from pipeline.report import DETAILS_FILE, HEADLINE, prototype_columns, summarise, summarise_prototypes
+from pipeline.report import DETAILS_FILE, HEADLINE, prototype_columns, standing, summarise, summarise_prototypes
 from pipeline.research.queue import queue_env
 from pipeline.research.seeds import SEED, by_setting, has_repeated_settings, paired, setting_labels
 
@@ -270,7 +270,9 @@ def run_table(text: str) -> tuple[str, pd.DataFrame, dict[str, float]]:
 
 
 def show_text(text: str, source: str) -> str:
+    """`fscil show`'s block: the run's name, its per-session table, AVG / PD / final (the method's and the class
+    means'), then its standing against its own class means and any warning (`pipeline.report.standing`)."""
     name, shown, summary = run_table(text)
     body = shown.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.2f}")
     line = "  ".join(f"{k} {v:.2f}" for k, v in summary.items())
-    return f"{name}  ({source})\n{body}\n{line}"
+    return "\n".join([f"{name}  ({source})", body, line, *standing(pd.read_csv(io.StringIO(text)))])

@@ -319,7 +319,7 @@ def train_epoch(cfg, run: BaseRun, p: int, device, show_progress: bool) -> tuple
     run.net.train()
     order = pass_order(cfg, plan, len(run.images), p, device)
     bar = tqdm(range(plan.steps), desc=f"base epoch {(p + 1) * repeat}/{cfg.base.epochs}", leave=False,
-               disable=not (show_progress and run.group.is_main))
+               disable=None if show_progress and run.group.is_main else True)  # None: bars on a terminal only
     pending: list[torch.Tensor] = []
     losses: list[float] = []
     correct, seen = 0.0, 0

@@ -66,7 +66,7 @@ class Extractor:
         self.group = group or ProcessGroup()
         self.size, self.dtype = cfg.extract.batch_size, np.dtype(cfg.extract.dtype)
         main = self.group.is_main
-        self.bar = tqdm(total=total, desc="extract", unit="img", disable=not (show_progress and main))
+        self.bar = tqdm(total=total, desc="extract", unit="img", disable=None if show_progress and main else True)
         self.progress = ProgressLog("extract", total, "image", enabled=progress_lines and main)
 
     def maps_of(self, ids: np.ndarray, gen: torch.Generator | None = None) -> np.ndarray:

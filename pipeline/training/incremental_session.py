@@ -243,7 +243,7 @@ def fit_session(cfg, session: int, projector, classifier, data: SessionData, sto
     fit = {"before": fit_loss(projector, classifier, data.x, data.y, data.num_seen, cfg.model.classifier, inc, frozen)}
     pending: list[torch.Tensor] = []
     lrs: list[float] = []
-    bar = tqdm(range(steps), desc=f"session {session}", leave=False, disable=not show_progress)
+    bar = tqdm(range(steps), desc=f"session {session}", leave=False, disable=None if show_progress else True)
     progress = ProgressLog(f"session {session}", steps, "step", enabled=progress_lines)
     for step in bar:
         idx, mix_perm, lent_draws = draws.step(step)
