@@ -37,6 +37,11 @@ def figure(path: Path, nrows: int = 1, ncols: int = 1, size: tuple[float, float]
         plt.close(fig)
 
 
+def wrapped(title: str, width: int = 60) -> str:
+    """A title's lines wrapped at `width` characters each (a run's long title on two lines, not cut at the edge)."""
+    return "\n".join(textwrap.fill(line, width) for line in title.split("\n"))
+
+
 def plot_empty(path: Path, title: str, why: str) -> None:
     """A picture that says why there is nothing to plot, so that every declared plot exists for every run (`dvc plots
     diff` across variants compares the same files)."""
@@ -44,13 +49,13 @@ def plot_empty(path: Path, title: str, why: str) -> None:
         ax = axes[0, 0]
         ax.axis("off")
         ax.text(0.5, 0.5, why, ha="center", va="center", wrap=True)
-        fig.suptitle(title)
+        fig.suptitle(wrapped(title))
 
 
 def _sessions_axis(ax, sessions, ylabel: str, title: str) -> None:
     ax.set_xlabel("session")
     ax.set_ylabel(ylabel)
-    ax.set_title(textwrap.fill(title, 60), fontsize=10)  # a run's long title on two lines, not cut at the edge
+    ax.set_title(wrapped(title), fontsize=10)
     ax.set_xticks(list(sessions))
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
@@ -98,7 +103,7 @@ def plot_diagnostics(table: pd.DataFrame, path: Path, title: str) -> None:
             ax.text(0.5, 0.5, "this projector generates no B, C, Δ", ha="center", va="center",
                     transform=ax.transAxes)
         _sessions_axis(ax, s, "cos(base mean, novel mean)", "generated SSM parameters, base vs novel")
-        fig.suptitle(title)
+        fig.suptitle(wrapped(title))
 
 
 def plot_z_histogram(arrays: dict, path: Path, title: str) -> None:
@@ -113,7 +118,7 @@ def plot_z_histogram(arrays: dict, path: Path, title: str) -> None:
                 label=f"novel ({(~is_base).sum()})")
         ax.set_xlabel("||Z|| / sqrt(L D_inner) per test image")
         ax.set_ylabel("density")
-        ax.set_title(title, fontsize=10)
+        ax.set_title(wrapped(title), fontsize=10)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
 
@@ -140,29 +145,29 @@ def plot_tsne(arrays: dict, path: Path, title: str, seed: int = 0) -> None:
         ax.scatter(xy[~is_base, 0], xy[~is_base, 1], s=5, alpha=0.8, color=NOVEL_COLOUR, label="novel classes")
         ax.set_xlabel("t-SNE 1")
         ax.set_ylabel("t-SNE 2")
-        ax.set_title(title, fontsize=10)
+        ax.set_title(wrapped(title), fontsize=10)
         ax.legend(fontsize=8, markerscale=3)
 
 
 def plot_b_maps(arrays: dict, path: Path, title: str) -> None:
     """Activation maps of the generated B (paper Fig. vis_cam): one row per shown test image (base, then novel),
-    columns: the backbone map's mean |activation|, ||B_t|| of g_base, ||B_t|| of g_inc (one colour scale per row
-    for the two branches)."""
+    columns: the backbone map's mean |activation|, ||B_t|| of g_base, ||B_t|| of g_inc, each panel on its own colour
+    scale (its colour bar beside it: g_inc's norms are far smaller than g_base's, one scale would leave them dark)."""
     b_maps, labels, inputs = arrays["b_maps"], arrays["b_labels"], arrays["b_inputs"]
     num_base = int(arrays["num_base"])
     rows = len(labels)
-    with figure(path, rows, 3, (7.5, 2.1 * rows + 0.6)) as (fig, axes):
+    with figure(path, rows, 3, (7.5, 1.5 * rows + 0.8)) as (fig, axes):
         for i in range(rows):
             group = "base" if labels[i] < num_base else "novel"
-            panels = ((inputs[i], "backbone map |f|", None), (b_maps[i, 0], "||B|| of g_base", b_maps[i].max()),
-                      (b_maps[i, 1], f"||B|| of {arrays.get('b_adapting', 'g_inc')}", b_maps[i].max()))
-            for j, (image, name, vmax) in enumerate(panels):
+            panels = ((inputs[i], "backbone map |f|"), (b_maps[i, 0], "||B|| of g_base"),
+                      (b_maps[i, 1], f"||B|| of {arrays.get('b_adapting', 'g_inc')}"))
+            for j, (image, name) in enumerate(panels):
                 ax = axes[i, j]
-                shown = ax.imshow(image, cmap="viridis", vmin=0, vmax=vmax)
+                shown = ax.imshow(image, cmap="viridis", vmin=0)
                 fig.colorbar(shown, ax=ax, fraction=0.046, pad=0.04)
                 ax.set_xticks([])
                 ax.set_yticks([])
                 if i == 0:
                     ax.set_title(name, fontsize=9)
             axes[i, 0].set_ylabel(f"{group} class {int(labels[i])}", fontsize=9)
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(wrapped(title), fontsize=10)

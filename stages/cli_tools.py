@@ -30,10 +30,9 @@ def _trained(session: int | None, model: Path | None, params: Path, data_dir: Pa
         fail("give --session N (0: the base model) or --model FILE (from `fscil export`)")
     cfg = _config(params, overrides)
     paths = _paths(data_dir)
-    made = paths.base if session == 0 else paths.session(session)
-    if not made.exists():
-        fail(f"{made}: not found: this run has not trained session {session} yet (`make repro`, or `dvc repro`, "
-             "trains every session of params.yaml)")
+    if not paths.base.exists():  # a fresh clone: nothing trained (a missing session is load_session_model's)
+        fail(f"{paths.base}: not found: this run has not been trained yet (`make repro`, or `dvc repro`, trains the "
+             "base model and every session of params.yaml)")
     return _run("load", apply.load_session_model, cfg, paths.base, paths.pack, paths.data_dir / "sessions", session,
                 paths.features if learnable else None, timed=False)
 
@@ -192,25 +191,43 @@ def model_summary(
 
 @model_app.command("benchmark")
 def model_benchmark(
-    preset: Annotated[str, typer.Option(help="Preset whose model section gives the widths.")] = "cifar100",
+    preset: Annotated[str | None, typer.Option(
+        help="Preset whose model section gives the widths (default: the run params.yaml describes).")] = None,
     batch: Annotated[int, typer.Option(help="Batch size.")] = 64,
-    channels: Annotated[int, typer.Option(help="Backbone map channels C.")] = 640,
-    hw: Annotated[int, typer.Option(help="Backbone map side H = W.")] = 2,
+    channels: Annotated[int | None, typer.Option(
+        help="Backbone map channels C (default: the run's backbone; 640 with --preset).")] = None,
+    hw: Annotated[int | None, typer.Option(
+        help="Backbone map side H = W (default: the run's backbone at its image size; 2 with --preset).")] = None,
     dim: Annotated[int | None, typer.Option(help="Projector width D'.")] = None,
     d_state: Annotated[int | None, typer.Option(help="SSM state size.")] = None,
     dt_rank: Annotated[int | None, typer.Option(help="Low-rank width of f_Delta.")] = None,
     projector: Annotated[str | None, typer.Option(help="A model.projector kind (its branch is timed).")] = None,
     repeats: Annotated[int, typer.Option(help="Timed repeats (the median is reported).")] = 5,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    params: ParamsOpt = Path("params.yaml"),
 ) -> None:
-    """Median forward and forward+backward time of one projector branch (g_base / g_inc) on random maps."""
+    """Median forward and forward+backward time of one projector branch (g_base / g_inc) on random maps: of the run
+    params.yaml describes (its model section and its backbone's map), or of --preset's model section."""
+    import dataclasses
+
     from pipeline.device import resolve_device
     from pipeline.research.benchmark import benchmark_branch
 
     overrides = {"dim": dim, "d_state": d_state, "dt_rank": dt_rank, "projector": projector}
     _run("model benchmark", resolve_device, device, source="--device", timed=False)
-    typer.echo(json.dumps(_run("model benchmark", benchmark_branch, preset, overrides, batch, channels, hw,
-                               repeats, device, timed=False, flags=_flags(overrides))))
+    model_cfg = None
+    if preset is None:
+        from pipeline.models.fscil import build_backbone_from_config
+
+        cfg = _config(params, None)
+        preset = cfg.preset
+        model_cfg = dataclasses.replace(cfg.model, **{k: v for k, v in overrides.items() if v is not None})
+        if channels is None or hw is None:  # the run's own map, without loading pretrained weights
+            backbone = build_backbone_from_config(dataclasses.replace(model_cfg, pretrained=None), cfg.data.image_size)
+            channels = channels or backbone.out_channels
+            hw = hw or backbone.feature_hw(cfg.data.image_size)[0]
+    typer.echo(json.dumps(_run("model benchmark", benchmark_branch, preset, overrides, batch, channels or 640, hw or 2,
+                               repeats, device, model_cfg, timed=False, flags=_flags(overrides))))
 
 
 @model_app.command("cost")
@@ -368,10 +385,12 @@ def show(rows: Annotated[list[str] | None, typer.Argument(
         help="Runs to show: workspace (the default), a commit or branch (main), or an experiment's name.")] = None
          ) -> None:
     """The per-session table of a run: accuracy on all seen / base / novel classes and the class-means baseline
-    (the backbone's nearest class mean), then AVG, PD and final, read from data/report/sessions.csv (nothing is
-    recomputed)."""
-    from pipeline.research.compare import sessions_at, show_text
+    (the backbone's nearest class mean), then AVG, PD and final and its standing against its class means, read from
+    data/report/sessions.csv (nothing is recomputed); several runs side by side."""
+    from pipeline.research.compare import sessions_at, show_side_by_side, show_text
 
-    for i, row in enumerate(rows or ["workspace"]):
-        text, source = _run("show", sessions_at, row, timed=False)
-        typer.echo(("\n" if i else "") + _run("show", show_text, text, source, timed=False))
+    runs = [(row, *_run("show", sessions_at, row, timed=False)) for row in rows or ["workspace"]]
+    if len(runs) == 1:
+        typer.echo(_run("show", show_text, runs[0][1], runs[0][2], timed=False))
+    else:
+        typer.echo(_run("show", show_side_by_side, runs, timed=False))

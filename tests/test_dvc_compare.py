@@ -76,7 +76,8 @@ def test_every_row_has_the_resolved_values_and_plots_diff_needs_no_cache(tmp_pat
 
     assert (tmp_path / "data" / "curves" / "base.csv").is_file()
     html = (tmp_path / "plots" / "index.html").read_text()  # the training curves drawn, for both revisions
-    assert '"text": "base training"' in html and '"rev": "main", "field": "train_acc"' in html
+    assert "\"text\": \"base training loss\"" in html and "\"text\": \"base training accuracy\"" in html
+    assert '"rev": "main", "field": "train_acc"' in html
     assert '"rev": "try-mlp", "field": "train_acc"' in html and "curves/sessions/session_3.csv" in html
 
     fscil = str(BIN / "fscil")
@@ -92,17 +93,17 @@ def test_every_row_has_the_resolved_values_and_plots_diff_needs_no_cache(tmp_pat
                           env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
     assert typo.returncode == 2 and typo.stderr.startswith("error: -m avgg: no such metric") and not typo.stdout
 
-    # fscil show: the per-session table of the workspace, the commit and the experiment, as sessions.csv holds it
-    shown = _run([fscil, "show", "workspace", "main", "try-mlp"], tmp_path)
-    blocks = shown.strip().split("\n\n")
-    assert [b.splitlines()[0].split("  (")[0] for b in blocks] == [
-        "mamba_fscil on synthetic, seed 0", "mamba_fscil on synthetic, seed 0", "mlp_baseline on synthetic, seed 0"]
+    # fscil show: the per-session tables of the workspace, the commit and the experiment side by side, as their
+    # sessions.csv hold them, then each run's name, AVG line and standing
+    shown = _run([fscil, "show", "workspace", "main", "try-mlp"], tmp_path).splitlines()
     exp = list(csv.DictReader(io.StringIO(_run(["git", "show", f"{named['try-mlp']['rev']}:data/report/sessions.csv"],
                                                tmp_path))))
-    lines = blocks[2].splitlines()  # name, header, sessions 0-3, the AVG line, the standing line (and warnings)
-    assert float(lines[5].split()[2]) == pytest.approx(float(exp[-1]["acc"]), abs=0.005)  # the last session's seen
+    assert shown[0].split()[:4] == ["session", "classes", "workspace", "seen"] and "try-mlp class means" in shown[0]
+    assert shown[4].split()[-4] == f"{float(exp[-1]['acc']):.2f}"  # try-mlp's seen accuracy in the last session
+    at = shown.index("try-mlp: mlp_baseline on synthetic, seed 0  (try-mlp:data/report/sessions.csv)")
     avg = f"AVG {sum(float(r['acc']) for r in exp) / len(exp):.2f}"
-    assert lines[6].startswith(f"{avg}  PD ") and lines[7].startswith(f"{avg} against the class means of its own")
+    assert shown[at + 1].startswith(f"  {avg}  PD ") and shown[at + 2].startswith(f"  {avg} against the class means")
+    assert shown[5] == "workspace: mamba_fscil on synthetic, seed 0  (data/report/sessions.csv)"
 
 
 def test_fscil_compare_names_the_rows_it_leaves_out_with_their_state(monkeypatch):
@@ -153,3 +154,22 @@ def test_show_summarises_a_sessions_csv_as_the_report_does():
     assert show_text(text, "here").splitlines()[-2:] == [
         "AVG 63.33  PD 30.00  final 50.00  class means AVG 58.67  class means final 40.00",
         "AVG 63.33 against the class means of its own backbone 58.67: +4.67"]
+
+
+def test_show_sets_several_runs_side_by_side():
+    from pipeline.research.compare import show_side_by_side
+
+    a = ("session,num_seen_classes,acc,base_acc,novel_acc,proto_backbone_acc,proto_backbone_base_acc,"
+         "proto_backbone_novel_acc,method,seed\n0,6,80.0,80.0,,78.0,78.0,,m on d,1\n"
+         "1,8,60.0,65.0,45.0,58.0,60.0,52.0,m on d,1\n")
+    b = a.replace("60.0,65.0,45.0", "62.0,66.0,50.0").replace(",1\n", ",2\n")
+    lines = show_side_by_side([("main", a, "main:s.csv"), ("lam5", b, "lam5:s.csv")]).splitlines()
+    assert lines[0].split() == ["session", "classes", "main", "seen", "main", "base", "main", "novel", "main", "class",
+                                "means", "lam5", "seen", "lam5", "base", "lam5", "novel", "lam5", "class", "means"]
+    assert lines[2].split() == ["1", "8", "60.00", "65.00", "45.00", "58.00", "62.00", "66.00", "50.00", "58.00"]
+    assert lines[3:] == ["main: m on d, seed 1  (main:s.csv)",
+                         "  AVG 70.00  PD 20.00  final 60.00  class means AVG 68.00  class means final 58.00",
+                         "  AVG 70.00 against the class means of its own backbone 68.00: +2.00",
+                         "lam5: m on d, seed 2  (lam5:s.csv)",
+                         "  AVG 71.00  PD 18.00  final 62.00  class means AVG 68.00  class means final 58.00",
+                         "  AVG 71.00 against the class means of its own backbone 68.00: +3.00"]

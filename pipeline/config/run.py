@@ -167,7 +167,8 @@ def with_origin(err: FSCILError, origins: dict[str, str]) -> FSCILError:
     text = str(err)
     key = text.removeprefix("params: ").split(" ", 1)[0]
     if key in origins and text.startswith("params: "):
-        return FSCILError(f"{text} (set by {origins[key]})")
+        where = "not set: no layer gives it a value" if origins[key] == "default" else f"set by {origins[key]}"
+        return FSCILError(f"{text} ({where})")
     return err
 
 

@@ -30,7 +30,7 @@ def verify_checksums(root: Path, expected: Mapping[str, str]) -> dict[str, str]:
         path = root / rel
         got = file_digest(path, algo)
         if got != want.lower():
-            raise FSCILError(f"checksum mismatch for {path}: {algo} {got}, expected {want.lower()}")
+            raise mismatch(path, algo, got, want)
         verified[rel] = f"{algo}:{got}"
     return verified
 
@@ -38,3 +38,9 @@ def verify_checksums(root: Path, expected: Mapping[str, str]) -> dict[str, str]:
 def digest_files(root: Path, relative_paths: list[str], algo: str = "sha256") -> dict[str, str]:
     """{relative_path: "algo:digest"} of the given files, for the pack's provenance."""
     return {rel: f"{algo}:{file_digest(root / rel, algo)}" for rel in relative_paths}
+
+
+def mismatch(path: Path, algo: str, got: str, want: str) -> FSCILError:
+    """The one-line error of a file whose digest is not the expected one, with the key that skips the check."""
+    return FSCILError(f"checksum mismatch for {path}: {algo} {got}, expected {want.lower()} (not the official file; "
+                      "a copy you re-packed yourself: set data.verify_checksums: false to read it unchecked)")

@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from pipeline.data.builders import seeded_pack
-from pipeline.data.checksums import digest_algorithm
+from pipeline.data.checksums import digest_algorithm, mismatch
 from pipeline.data.class_folder import read_class_folder
 from pipeline.data.source import SourceDataset
 from pipeline.errors import FSCILError
@@ -49,7 +49,7 @@ def _check_archive(path: Path, extra: Mapping[str, str] | None, verify: bool) ->
         algo = digest_algorithm(want)
         got = file_digest(path, algo)
         if got != want.lower():
-            raise FSCILError(f"checksum mismatch for {path}: {algo} {got}, expected {want.lower()}")
+            raise mismatch(path, algo, got, want)
         out[path.name] = f"{algo}:{got}"
     return out
 

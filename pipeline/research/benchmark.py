@@ -30,11 +30,13 @@ def _median_ms(fn, repeats: int) -> float:
 
 
 def benchmark_branch(preset: str, overrides: dict, batch: int, channels: int, hw: int, repeats: int,
-                     device: str = "cpu") -> dict:
+                     device: str = "cpu", model_cfg=None) -> dict:
+    """Median times of one projector branch on random maps (batch, channels, hw, hw): the model section of `preset`
+    with `overrides`, or `model_cfg` (a run's resolved one) when given."""
     from pipeline.models.registry import PROJECTOR_KINDS
     from pipeline.models.ss2d import BranchDims
 
-    cfg, _ = preset_model_config(preset, overrides)
+    cfg = model_cfg if model_cfg is not None else preset_model_config(preset, overrides)[0]
     torch.manual_seed(0)
     kind = PROJECTOR_KINDS[cfg.projector].branch(cfg.ssm_branch)
     branch = kind(channels, (hw, hw), BranchDims.from_config(cfg)).to(device)

@@ -276,3 +276,16 @@ def show_text(text: str, source: str) -> str:
     body = shown.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.2f}")
     line = "  ".join(f"{k} {v:.2f}" for k, v in summary.items())
     return "\n".join([f"{name}  ({source})", body, line, *standing(pd.read_csv(io.StringIO(text)))])
+
+
+def show_side_by_side(runs: list[tuple[str, str, str]]) -> str:
+    """`fscil show A B ...`: one table, a column group per run (its row name) over the sessions they share, then
+    each run's name, AVG line and standing. runs: (row name, sessions.csv text, source)."""
+    tables, lines = [], []
+    for row, text, source in runs:
+        name, shown, summary = run_table(text)
+        tables.append(shown.set_index(["session", "classes"]).add_prefix(f"{row} "))
+        lines += [f"{row}: {name}  ({source})", "  " + "  ".join(f"{k} {v:.2f}" for k, v in summary.items()),
+                  *("  " + line for line in standing(pd.read_csv(io.StringIO(text))))]
+    body = pd.concat(tables, axis=1).reset_index().to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.2f}")
+    return "\n".join([body, *lines])
