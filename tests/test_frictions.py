@@ -4,11 +4,7 @@ that skips the check; a required key no layer sets says so; `fscil model benchma
 describes."""
 
 from tests.pipeline_fixtures import NUM_SESSIONS, cli
-
-
-def _source(tiny_run) -> list[str]:
-    _, params, paths = tiny_run
-    return ["--params", str(params), "--data-dir", str(paths.data_dir)]
+from tests.test_user_paths import _run_source as _source
 
 
 def test_a_run_not_trained_yet_names_make_repro(tiny_run, tmp_path):

@@ -23,7 +23,7 @@ import pandas as pd
 
 from pipeline.errors import FSCILError
 from pipeline.report import DETAILS_FILE, HEADLINE, prototype_columns, standing, summarise, summarise_prototypes
-from pipeline.research.queue import queue_env
+from pipeline.research.queue import run_dvc
 from pipeline.research.seeds import SEED, by_setting, has_repeated_settings, paired, setting_labels
 
 _ROW_COLUMNS = ("Experiment", "rev", "typ", "Created", "parent", "State", "Executor")
@@ -33,15 +33,7 @@ RUN_YAML = "data/config/run.yaml"
 
 def exp_show_csv(all_commits: bool = False) -> str:
     """`dvc exp show --csv` of the repository in the working directory (one-line error when DVC fails)."""
-    cmd = ["dvc", "exp", "show", "--csv", *(["--all-commits"] if all_commits else [])]
-    try:  # the dvc of this environment, activated or not
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=queue_env(1))
-    except FileNotFoundError:
-        raise FSCILError("dvc is not on PATH (source .venv/bin/activate, or run `make install`)") from None
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise FSCILError(f"dvc exp show failed: {last}")
-    return done.stdout
+    return run_dvc(["exp", "show", "--csv", *(["--all-commits"] if all_commits else [])])
 
 
 def row_names(table: pd.DataFrame) -> pd.Series:

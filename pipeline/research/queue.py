@@ -30,14 +30,16 @@ def queue_env(jobs: int) -> dict[str, str]:
     return env
 
 
-def _dvc(args: list[str], env: dict[str, str]) -> str:
+def run_dvc(args: list[str], env: dict[str, str] | None = None) -> str:
+    """`dvc <args>`'s output, with the dvc of this environment (activated or not: `queue_env`); a failure is a one-line
+    error ending with DVC's last line."""
     try:
-        done = subprocess.run(["dvc", *args], capture_output=True, text=True, env=env, check=False)
+        done = subprocess.run(["dvc", *args], capture_output=True, text=True, env=env or queue_env(1), check=False)
     except FileNotFoundError:
         raise FSCILError("dvc is not installed in this environment (make install)") from None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
-        raise FSCILError(f"dvc {args[0]} {args[1] if len(args) > 1 else ''}: {last}".replace("  ", " "))
+        raise FSCILError(f"dvc {' '.join(args[:2])} failed: {last}")
     return done.stdout
 
 
@@ -55,7 +57,7 @@ def grid(prefix: str, variants: list[str], seeds: list[int], overrides: tuple[st
 def queue_status(env: dict[str, str]) -> dict[str, str]:
     """{experiment name: Queued / Running / Success / Failed} from `dvc queue status`."""
     states = {}
-    for line in _dvc(["queue", "status"], env).splitlines()[1:]:
+    for line in run_dvc(["queue", "status"], env).splitlines()[1:]:
         parts = line.split()
         if len(parts) >= 4 and parts[-1] in ("Queued", "Running", DONE, FAILED):
             states[parts[1]] = parts[-1]
@@ -71,11 +73,11 @@ def run_grid(runs: list[tuple[str, list[str]]], jobs: int, finished: set[str],
     if len(todo) < len(runs):
         log(f"study: {len(runs) - len(todo)} of {len(runs)} runs already finished, not queued again")
     for name, sets in todo:
-        _dvc(["exp", "run", "--queue", "-n", name, *(a for s in sets for a in ("-S", s))], env)
+        run_dvc(["exp", "run", "--queue", "-n", name, *(a for s in sets for a in ("-S", s))], env)
     if not todo:
         return []
     log(f"study: {len(todo)} runs queued; dvc queue start -j {jobs} (dvc queue status / logs NAME to follow)")
-    _dvc(["queue", "start", "-j", str(jobs)], env)
+    run_dvc(["queue", "start", "-j", str(jobs)], env)
     names, last = {name for name, _ in todo}, None
     while True:
         states = {n: s for n, s in queue_status(env).items() if n in names}
