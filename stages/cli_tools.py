@@ -96,40 +96,67 @@ def learn(folder: Annotated[Path, typer.Argument(help="A class-folder tree: one 
 def predict_images(images: Annotated[list[Path], typer.Argument(help="Image files or folders (searched recursively).")],
                    session: SessionOpt = None,
                    model: Annotated[Path | None, typer.Option("--model", help="An exported model file.")] = None,
-                   out: Annotated[Path | None, typer.Option("--out", help="Write a CSV here instead of printing.")]
+                   labelled: Annotated[bool, typer.Option(
+                       "--labelled", help="One class-folder tree whose folder names are the model's classes: print "
+                       "accuracy (all, base, novel) and write the confusion matrix beside --out.")] = False,
+                   out: Annotated[Path | None, typer.Option("--out", help="Write a CSV here instead of printing "
+                                                            "(--labelled: default <tree>-predictions.csv).")]
                    = None,
                    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
                    params: ParamsOpt = Path("params.yaml"), data_dir: DataDirOpt = Path("data"),
                    overrides: SetOpt = None) -> None:
     """The class of each image and its score under the model after session N of this run (--session, from the stage
     outputs) or of an exported file (--model), with the test images' preprocessing. The score is the cosine to the
-    class's ETF vertex (what the DR loss trains to 1), or the softmax probability of a linear head."""
+    class's ETF vertex (what the DR loss trains to 1), or the softmax probability of a linear head. --labelled: the
+    images' folders are their classes; prints accuracy and writes the confusion matrix (CSV and picture)."""
     import pandas as pd
 
     from pipeline.atomic import atomic_output, claim_file
     from pipeline.device import resolve_device
-    from pipeline.training import apply
+    from pipeline.training import apply, labelled as folder_eval
 
+    if labelled:
+        if len(images) != 1 or not images[0].is_dir():
+            fail("--labelled takes one folder: a class-folder tree (<tree>/<class>/<image>) whose folder names are "
+                 "classes the model knows")
+        out = out or Path(f"{images[0].resolve().name}-predictions.csv")
     if out is not None:
         _run("predict", claim_file, out, "fscil predict", "a CSV file", apply.is_prediction_csv, "predictions.csv",
              timed=False)
+    if labelled:
+        confusion_csv, confusion_png = folder_eval.confusion_paths(out)
+        _run("predict", claim_file, confusion_csv, "fscil predict", "a confusion matrix", folder_eval.is_confusion_csv,
+             timed=False)
+        _run("predict", claim_file, confusion_png, "fscil predict", "the confusion matrix's picture",
+             lambda _: folder_eval.is_confusion_csv(confusion_csv), timed=False)
     where = _run("predict", resolve_device, device, source="--device", timed=False)  # before loading anything
     trained = _trained(session, model, params, data_dir, overrides)
-    files = _run("predict", apply.image_files, images, timed=False)
-    rows = _run("predict", apply.predict_files, trained, files, where, timed=False)
-    table = pd.DataFrame(rows, columns=apply.prediction_columns(trained))
+    if labelled:
+        evaluation = _run("predict", folder_eval.evaluate_folder, trained, images[0], where, timed=False)
+        rows, columns = evaluation.rows, [*apply.prediction_columns(trained), *folder_eval.LABEL_COLUMNS]
+    else:
+        files = _run("predict", apply.image_files, images, timed=False)
+        rows, columns = _run("predict", apply.predict_files, trained, files, where, timed=False), \
+            apply.prediction_columns(trained)
+    table = pd.DataFrame(rows, columns=columns)
     table["class_id"] = table["class_id"].astype("Int64")
     for row in rows:
         if row["skipped"]:
             typer.echo(f"skipped {row['path']}: {row['skipped']}", err=True)
     if out is None:
         typer.echo(table.to_csv(index=False).rstrip())
-    else:
-        with atomic_output(out) as tmp:
-            table.to_csv(tmp, index=False)
-        skipped = sum(bool(r["skipped"]) for r in rows)
-        typer.echo(f"{out}: {len(rows) - skipped} images predicted, {skipped} skipped, {apply.describe(trained)}",
-                   err=True)
+        return
+    with atomic_output(out) as tmp:
+        table.to_csv(tmp, index=False)
+    skipped = sum(bool(r["skipped"]) for r in rows)
+    typer.echo(f"{out}: {len(rows) - skipped} images predicted, {skipped} skipped, {apply.describe(trained)}",
+               err=True)
+    if labelled:
+        folder_eval.write_confusion(evaluation, confusion_csv, confusion_png,
+                                    f"{images[0].name}: {apply.describe(trained)}")
+        for line in evaluation.summary():
+            typer.echo(line)
+        typer.echo(f"confusion matrix: {confusion_csv} (counts), {confusion_png}")
 
 
 def _flags(overrides: dict) -> dict[str, str]:

@@ -12,6 +12,25 @@ from tests.test_prototype import _results
 LONG = "Mamba-FSCIL: mamba_fscil_plus on synthetic_quick, seed 0 (dual_ssm projector)"
 
 
+def text_outside(fig) -> list[str]:
+    """The titles, axis labels and legend entries of `fig` that reach beyond its box, as laid out when saved."""
+    fig.canvas.draw()  # the layout as saved
+    renderer = fig.canvas.get_renderer()
+    box = fig.bbox
+    texts = [t for t in (fig._suptitle,) if t is not None]
+    for ax in fig.axes:
+        texts += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label]
+        texts += ax.get_legend().get_texts() if ax.get_legend() else []
+    outside = []
+    for text in texts:
+        if not text.get_visible() or not text.get_text().strip():
+            continue
+        extent = text.get_window_extent(renderer)
+        if extent.x0 < box.x0 - 1 or extent.y0 < box.y0 - 1 or extent.x1 > box.x1 + 1 or extent.y1 > box.y1 + 1:
+            outside.append(text.get_text())
+    return outside
+
+
 def test_every_picture_keeps_its_text_inside_the_figure(tiny_run, tmp_path, monkeypatch):
     import numpy as np
 
@@ -20,19 +39,7 @@ def test_every_picture_keeps_its_text_inside_the_figure(tiny_run, tmp_path, monk
     save = matplotlib.figure.Figure.savefig
 
     def checked(fig, target, *args, **kwargs):
-        fig.canvas.draw()  # the layout as saved
-        renderer = fig.canvas.get_renderer()
-        box = fig.bbox
-        texts = [t for t in (fig._suptitle,) if t is not None]
-        for ax in fig.axes:
-            texts += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label]
-            texts += ax.get_legend().get_texts() if ax.get_legend() else []
-        for text in texts:
-            if not text.get_visible() or not text.get_text().strip():
-                continue
-            extent = text.get_window_extent(renderer)
-            if extent.x0 < box.x0 - 1 or extent.y0 < box.y0 - 1 or extent.x1 > box.x1 + 1 or extent.y1 > box.y1 + 1:
-                outside.append((str(target), text.get_text()))
+        outside.extend((str(target), text) for text in text_outside(fig))
         saved.append(fig.get_size_inches() * fig.dpi)
         scales.extend((image.norm.vmax, float(image.get_array().max())) for image in fig.findobj(AxesImage))
         return save(fig, target, *args, **kwargs)

@@ -55,6 +55,18 @@ class TrainedModel:
     def head(self) -> Head:
         return HEADS[self.meta["model"]["classifier"]]
 
+    @property
+    def num_base(self) -> int | None:
+        """The base session's classes (class ids 0..num_base-1); None for a file exported before it was recorded
+        and holding no class memory to tell."""
+        if "num_base" in self.meta:
+            return int(self.meta["num_base"])
+        if self.session == 0:
+            return self.num_seen
+        if self.learn is not None:
+            return len(np.unique(self.learn.base_classes))
+        return None
+
 
 def load_session_model(cfg, base_dir: Path, pack_path: Path, sessions_dir: Path, session: int,
                        store_path: Path | None = None) -> TrainedModel:
@@ -82,7 +94,8 @@ def load_session_model(cfg, base_dir: Path, pack_path: Path, sessions_dir: Path,
     learn = None if store_path is None else learn_state(cfg, store_path, session, state, base_meta, base_sha)
     return TrainedModel(model.eval(), session, num_seen, names[:num_seen], base_meta["preset"],
                         int(base_meta["input_size"]), {"model": dataclasses.asdict(cfg.model), **meta,
-                                                       "num_classes": int(base_meta["num_classes"])}, learn)
+                                                       "num_classes": int(base_meta["num_classes"]),
+                                                       "num_base": num_base}, learn)
 
 
 def learn_state(cfg, store_path: Path, session: int, state: dict | None, base_meta: dict, base_sha: str
@@ -114,6 +127,7 @@ def export_model(trained: TrainedModel, path: Path, code_version: str) -> None:
     save_checkpoint(path, tensors, {
         "kind": EXPORT_KIND, "session": trained.session, "num_seen": trained.num_seen,
         "num_classes": trained.meta["num_classes"], "class_names": trained.class_names, "model": model_cfg,
+        **({} if trained.num_base is None else {"num_base": trained.num_base}),
         "preset": trained.preset, "image_size": trained.image_size, "config": trained.meta["config"],
         "code_version": code_version, **extra})
 
