@@ -136,6 +136,6 @@ def plot_confusion(confusion: pd.DataFrame, num_base: int | None, path: Path, ti
             ax.set_yticks(range(rows), [str(c)[:24] for c in confusion.index], fontsize=6)
         if num_base is not None and 0 < num_base < cols:  # base | novel classes of the model
             ax.axvline(num_base - 0.5, color="white", linewidth=0.8)
-        ax.set_xlabel("predicted class (model's class order)")
-        ax.set_ylabel("true class (folder)")
+        ax.set_xlabel("predicted class" + ("" if named else " id") + " (the model's class order)")
+        ax.set_ylabel("true class (folder)" if named else "true class (row: the CSV's order)")
         ax.set_title(wrapped(title), fontsize=10)
