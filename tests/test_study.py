@@ -20,7 +20,8 @@ from pipeline.config import build_config
 from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.models.fscil import build_model
-from pipeline.research.study import prototype_label, run_scores, study_table, table_markdown
+from pipeline.research.study import (prototype_label, run_scores, standing_word, study_table, table_markdown,
+                                     vs_own_cell)
 from pipeline.training.base_model import MODEL_FILE, base_twin
 from pipeline.training.base_session import derive_base_model, train_base
 from pipeline.training.checkpoint import load_checkpoint
@@ -56,9 +57,12 @@ def test_run_scores_and_table_are_means_and_stds_over_seeds():
     # AVG minus the run's own class means (80 in every run): a 0 and -10, b +10 and 0; none for the prototype row
     assert table.loc["a", ("vs_proto", "mean")] == pytest.approx(-5.0)
     assert table.loc["b", ("vs_proto", "std")] == pytest.approx(np.std([10.0, 0.0], ddof=1))
-    assert ("| a | 2 | 0 | 85.00 ± 7.07 | 65.00 ± 7.07 | 75.00 ± 7.07 | 20.00 ± 0.00 | -5.00 ± 7.07 | 50.50 ± 0.71 |"
-            in md)
-    assert "| b | 2 | 0 | 95.00 ± 7.07 | 75.00 ± 7.07 | 85.00 ± 7.07 | 20.00 ± 0.00 | +5.00 ± 7.07 |" in md
+    # paired by seed: a's differences 0 and -10 (SE 5: level, no seed above, one below), b's +10 and 0
+    assert table.loc["a", ("vs_proto", "se")] == pytest.approx(5.0)
+    assert ("| a | 2 | 0 | 85.00 ± 7.07 | 65.00 ± 7.07 | 75.00 ± 7.07 | 20.00 ± 0.00 | -5.00 ± 5.00 (0 up, 1 down): "
+            "level | 50.50 ± 0.71 |" in md)
+    assert ("| b | 2 | 0 | 95.00 ± 7.07 | 75.00 ± 7.07 | 85.00 ± 7.07 | 20.00 ± 0.00 | +5.00 ± 5.00 (1 up, 0 down): "
+            "level |" in md)
     assert f"| {proto} | 2 | 0 | 85.00 ± 0.00 | 75.00 ± 0.00 | 80.00 ± 0.00 | 10.00 ± 0.00 | - |" in md
     assert "enters no mean and is counted under diverged" in md
     # a diverged run is counted in its row, never averaged; a row whose every run diverged still shows, with no mean
@@ -68,6 +72,14 @@ def test_run_scores_and_table_are_means_and_stds_over_seeds():
     assert diverged.loc["a", ("avg", "mean")] == pytest.approx(75.0)
     assert diverged.loc["c", ("diverged", "n")] == 1 and diverged.loc["c", ("seeds", "n")] == 0
     assert "| a | 2 | 1 |" in table_markdown(diverged)
+
+
+def test_standing_against_own_class_means_in_words():
+    assert vs_own_cell(0.68, 0.22, 3, 0) == "+0.68 ± 0.22 (3 up, 0 down): above"
+    assert vs_own_cell(-3.63, 1.06, 0, 3) == "-3.63 ± 1.06 (0 up, 3 down): below"
+    assert vs_own_cell(-0.04, 0.29, 1, 2) == "-0.04 ± 0.29 (1 up, 2 down): level"
+    assert vs_own_cell(0.01, float("nan"), 1, 0) == "+0.01 (1 up, 0 down): one seed"
+    assert standing_word(2.0, 1.0) == "level" and standing_word(2.01, 1.0) == "above"
 
 
 def _study_params() -> dict:

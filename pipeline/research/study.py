@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from pipeline.atomic import atomic_output, atomic_write_text, claim_folder, mark_folder
@@ -209,6 +210,10 @@ def study_table(sessions: pd.DataFrame, variants: list[str], reference: str | No
     order = [v for v in variants if v in set(scores["variant"]) or any(d == v for d, _ in diverged)] + [label]
     grouped = scores.groupby("variant", sort=False)
     table = grouped[[*SCORES, "vs_proto", "novel_s1"]].agg(["mean", "std"]).reindex(order)
+    # the paired difference to the run's own class means: its SE over seeds and the seeds above / below them
+    table[("vs_proto", "se")] = table[("vs_proto", "std")] / np.sqrt(grouped["vs_proto"].count().reindex(order))
+    table[("vs_proto", "up")] = grouped["vs_proto"].agg(lambda d: int((d > 0).sum())).reindex(order)
+    table[("vs_proto", "down")] = grouped["vs_proto"].agg(lambda d: int((d < 0).sum())).reindex(order)
     table[("seeds", "n")] = grouped.size().reindex(order).fillna(0)
     table[("diverged", "n")] = [sum(d == v for d, _ in diverged) for v in order]
     table[("params", "final")] = grouped["params"].max().reindex(order)  # the projector's, in the last session
@@ -216,7 +221,22 @@ def study_table(sessions: pd.DataFrame, variants: list[str], reference: str | No
 
 
 MEAN_RULE = ("Means and stds are over the finished runs of each row; a run that diverged (stopped by the divergence "
-             "check) enters no mean and is counted under diverged.")
+             "check) enters no mean and is counted under diverged. AVG - own class means: each run's AVG minus that "
+             "of the nearest class mean on its own frozen backbone, paired by seed: mean ± SE over the seeds, the "
+             "seeds above / below, and 'above' or 'below' its own class means beyond 2 SE, else 'level'.")
+
+
+def standing_word(mean: float, se: float) -> str:
+    """A method against its own class means: above / below them beyond 2 SE, level within (or one seed: no SE)."""
+    if not se == se or abs(mean) <= 2 * se:
+        return "level" if se == se else "one seed"
+    return "above" if mean > 0 else "below"
+
+
+def vs_own_cell(mean: float, se: float, up: int, down: int) -> str:
+    """'+0.68 ± 0.22 (3 up, 0 down): above' (a study table's and the README's column)."""
+    spread = f" ± {se:.2f}" if se == se else ""
+    return f"{mean:+.2f}{spread} ({up} up, {down} down): {standing_word(mean, se)}"
 
 
 def table_markdown(table: pd.DataFrame) -> str:
@@ -228,7 +248,8 @@ def table_markdown(table: pd.DataFrame) -> str:
         cells = ["-" if pd.isna(row[(s, 'mean')]) else f"{row[(s, 'mean')]:.2f} ± {row[(s, 'std')]:.2f}"
                  for s in SCORES]
         vs = row[("vs_proto", "mean")]
-        cells.append("-" if pd.isna(vs) else f"{vs:+.2f} ± {row[('vs_proto', 'std')]:.2f}")
+        cells.append("-" if pd.isna(vs) else vs_own_cell(vs, row[("vs_proto", "se")], int(row[("vs_proto", "up")]),
+                                                         int(row[("vs_proto", "down")])))
         cells.append(f"{row[('novel_s1', 'mean')]:.2f} ± {row[('novel_s1', 'std')]:.2f}")
         params = row[("params", "final")]
         cells.append("-" if pd.isna(params) else f"{int(params):,}")
