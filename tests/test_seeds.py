@@ -84,3 +84,19 @@ def test_metrics_beyond_the_headline_come_from_each_rows_details():
     with pytest.raises(FSCILError, match=r"^-m avgg: no such metric \(metrics.json has avg, final; "
                                          r"data/report/details.json has avg, sessions\.\*\)$"):
         compare(CSV, ["main", "l5-s0"], ("avgg",), details.__getitem__)
+
+
+def test_each_setting_against_its_runs_own_class_means_paired_by_seed():
+    """AVG minus each run's own class_means_avg (both in its metrics.json), per setting, worked out by hand."""
+    means = {"": 49.0, "l1-s1": 55.0, "l1-s2": 46.0, "l5-s0": 49.0, "l5-s1": 54.0, "l5-s2": 44.5, "l1-s3": 58.0,
+             "l5-s3": 50.0}
+    lines = CSV.splitlines()
+    rows = [lines[0] + ",class_means_avg"] + [f"{line},{means[line.split(',')[0]]}" for line in lines[1:]]
+    params, metrics, _ = compare("\n".join(rows) + "\n", [], ("avg", "class_means_avg"))
+    text = compare_text(params, metrics)
+    # lambda1 1: 50-49, 54-55, 46-46, 60-58 = +1, -1, 0, +2: mean 0.5, sd sqrt(5/3), SE 0.65: level
+    # lambda1 5: +2, +2, +2: SE 0, beyond 2 SE: above
+    assert "AVG minus the class means of each run's own backbone, paired by seed:" in text
+    assert "incremental.lambda1=1.0  +0.50 ± 0.65 (2 up, 1 down): level" in text
+    assert "incremental.lambda1=5.0  +2.00 ± 0.00 (3 up, 0 down): above" in text
+    assert "own backbone" not in compare_text(*compare(CSV, [], ("avg", "final"))[:2])  # no class means: no line

@@ -24,7 +24,8 @@ import pandas as pd
 from pipeline.errors import FSCILError
 from pipeline.report import DETAILS_FILE, HEADLINE, prototype_columns, standing, summarise, summarise_prototypes
 from pipeline.research.queue import run_dvc
-from pipeline.research.seeds import SEED, by_setting, has_repeated_settings, paired, setting_labels
+from pipeline.research.seeds import (SEED, by_setting, has_repeated_settings, paired, setting_labels,
+                                     vs_own_class_means)
 
 _ROW_COLUMNS = ("Experiment", "rev", "typ", "Created", "parent", "State", "Executor")
 DETAILS = f"data/report/{DETAILS_FILE}"
@@ -163,6 +164,11 @@ def compare_text(params: pd.DataFrame, metrics: pd.DataFrame) -> str:
         return side.to_string()
     settings = setting_labels(own)
     text = by_setting(settings, own[SEED], metrics).to_string()
+    own_means = vs_own_class_means(settings, metrics)
+    if own_means:
+        width = max(map(len, own_means))
+        text += "\n\nAVG minus the class means of each run's own backbone, paired by seed:\n" + "\n".join(
+            f"{setting:<{width}}  {cell}" for setting, cell in own_means.items())
     names = list(dict.fromkeys(settings))
     if len(names) == 2:
         a, b = names

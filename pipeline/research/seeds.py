@@ -102,3 +102,31 @@ def format_mean_se(mean: float, se: float, n: int) -> str:
 def _seed_key(seed) -> tuple:
     text = str(seed)
     return (0, int(text), "") if text.lstrip("-").isdigit() else (1, 0, text)
+
+
+def standing_word(mean: float, se: float) -> str:
+    """A method against its own class means: above / below them beyond 2 SE, level within (or one seed: no SE)."""
+    if not se == se or abs(mean) <= 2 * se:
+        return "level" if se == se else "one seed"
+    return "above" if mean > 0 else "below"
+
+
+def vs_own_cell(mean: float, se: float, up: int, down: int) -> str:
+    """'+0.68 ± 0.22 (3 up, 0 down): above' (a study table's and the README's column)."""
+    spread = f" ± {se:.2f}" if se == se else ""
+    return f"{mean:+.2f}{spread} ({up} up, {down} down): {standing_word(mean, se)}"
+
+
+def vs_own_class_means(settings: pd.Series, metrics: pd.DataFrame) -> dict[str, str]:
+    """{setting: `vs_own_cell` of its runs' AVG minus the class means of each run's own backbone} (metrics `avg` and
+    `class_means_avg`, both in every run's metrics.json), for the settings whose runs have both."""
+    if not {"avg", "class_means_avg"} <= set(metrics.columns):
+        return {}
+    diff = pd.to_numeric(metrics["avg"], errors="coerce") - pd.to_numeric(metrics["class_means_avg"], errors="coerce")
+    out = {}
+    for setting in dict.fromkeys(settings):
+        values = diff[settings == setting].dropna()
+        if len(values):
+            mean, se, _ = mean_se(values)
+            out[setting] = vs_own_cell(mean, se, int((values > 0).sum()), int((values < 0).sum()))
+    return out

@@ -30,6 +30,7 @@ from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.plots import PROTOTYPE
 from pipeline.research.parallel import run_batches
+from pipeline.research.seeds import vs_own_cell
 from pipeline.research.selection import run_candidate
 from pipeline.training.base_model import base_twin, config_digest
 from pipeline.training.progress import clock
@@ -224,19 +225,6 @@ MEAN_RULE = ("Means and stds are over the finished runs of each row; a run that 
              "check) enters no mean and is counted under diverged. AVG - own class means: each run's AVG minus that "
              "of the nearest class mean on its own frozen backbone, paired by seed: mean ± SE over the seeds, the "
              "seeds above / below, and 'above' or 'below' its own class means beyond 2 SE, else 'level'.")
-
-
-def standing_word(mean: float, se: float) -> str:
-    """A method against its own class means: above / below them beyond 2 SE, level within (or one seed: no SE)."""
-    if not se == se or abs(mean) <= 2 * se:
-        return "level" if se == se else "one seed"
-    return "above" if mean > 0 else "below"
-
-
-def vs_own_cell(mean: float, se: float, up: int, down: int) -> str:
-    """'+0.68 ± 0.22 (3 up, 0 down): above' (a study table's and the README's column)."""
-    spread = f" ± {se:.2f}" if se == se else ""
-    return f"{mean:+.2f}{spread} ({up} up, {down} down): {standing_word(mean, se)}"
 
 
 def table_markdown(table: pd.DataFrame) -> str:
