@@ -20,8 +20,8 @@ from pipeline.config import build_config
 from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.models.fscil import build_model
-from pipeline.research.study import (prototype_label, run_scores, standing_word, study_table, table_markdown,
-                                     vs_own_cell)
+from pipeline.research.seeds import standing_word, vs_own_cell
+from pipeline.research.study import prototype_label, run_scores, study_table, table_markdown
 from pipeline.training.base_model import MODEL_FILE, base_twin
 from pipeline.training.base_session import derive_base_model, train_base
 from pipeline.training.checkpoint import load_checkpoint
