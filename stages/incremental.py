@@ -15,7 +15,7 @@ def run(cfg: Config, paths: StagePaths, session: int, show_progress: bool = True
     check_sessions_match(cfg, int(FeatureStore.open(paths.features).attrs["num_sessions"]) - 1)
     prev = paths.session(session - 1) if session > 1 else None
     return session_stage(cfg, session, paths.features, paths.base, prev, paths.session(session),
-                         show_progress=show_progress, curve=paths.session_curve(session))
+                         show_progress=show_progress, curves=paths.session_curves(session))
 
 
 def command(session: int, params: Path, data_dir: Path, overrides: list[str], quiet: bool = False) -> None:

@@ -42,14 +42,21 @@ def test_the_base_curve_is_the_base_training(tiny_run):
 def test_a_session_curve_is_its_loss_terms_and_lr_per_step(tiny_run, session):
     _, params, paths = tiny_run
     inc = load_config(params).incremental
-    curve = pd.read_csv(paths.session_curve(session))
+    files = paths.session_curves(session)
+    curves = {group: pd.read_csv(path) for group, path in files.items()}
     history = json.loads((paths.session(session) / "metrics.json").read_text())["history"]
     steps = inc.session_value("steps", session)
-    assert curve["step"].tolist() == list(range(1, steps + 1))
-    for term in ("loss", "cls", "supp", "sep"):
-        assert curve[term].tolist() == history[term], term
-    assert curve["lr"].tolist() == pytest.approx([inc.lr * SCHEDULES[inc.schedule](inc, s, steps)
-                                                  for s in range(steps)])
+    # each term group its own file (DVC draws each on its own axis): the loss with its classification term, then
+    # suppression, then separation, every file with the step
+    assert {group: list(curve.columns) for group, curve in curves.items()} == {
+        "loss": ["step", "loss", "cls", "lr"], "suppression": ["step", "supp"], "separation": ["step", "sep"]}
+    assert files["loss"] == paths.data_dir / "curves" / "sessions" / "loss" / f"session_{session}.csv"
+    for group, curve in curves.items():
+        assert curve["step"].tolist() == list(range(1, steps + 1)), group
+    for group, term in (("loss", "loss"), ("loss", "cls"), ("suppression", "supp"), ("separation", "sep")):
+        assert curves[group][term].tolist() == history[term], term
+    assert curves["loss"]["lr"].tolist() == pytest.approx([inc.lr * SCHEDULES[inc.schedule](inc, s, steps)
+                                                           for s in range(steps)])
 
 
 def test_dvc_yaml_declares_the_curves_as_git_tracked_outputs_and_plots():
@@ -57,7 +64,8 @@ def test_dvc_yaml_declares_the_curves_as_git_tracked_outputs_and_plots():
     base_outs = dvc["stages"]["base"]["outs"]
     session_outs = dvc["stages"]["incremental"]["do"]["outs"]
     assert {"data/curves/base.csv": {"cache": False}} in base_outs
-    assert {"data/curves/sessions/session_${key}.csv": {"cache": False}} in session_outs
-    plotted = [next(iter(p)) for p in dvc["plots"]]
-    assert "data/curves/sessions" in plotted
+    plotted = {next(iter(p)): next(iter(p.values())) for p in dvc["plots"]}
+    for group, terms in (("loss", ["loss", "cls"]), ("suppression", "supp"), ("separation", "sep")):
+        assert {f"data/curves/sessions/{group}/session_${{key}}.csv": {"cache": False}} in session_outs
+        assert plotted[f"data/curves/sessions/{group}"]["y"] == terms
     assert any("data/curves/base.csv" in (next(iter(p.values())).get("y") or {}) for p in dvc["plots"])

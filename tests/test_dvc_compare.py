@@ -80,7 +80,8 @@ def test_every_row_has_the_resolved_values_and_plots_diff_needs_no_cache(tmp_pat
     assert "\"text\": \"base training loss\"" in html and "\"text\": \"base training accuracy\"" in html
     for rev in ("main", "try-mlp"):  # each plot of one field holds that field's rows of both revisions
         assert re.search(rf'"train_acc": "[0-9.]+", "rev": "{rev}"', html), rev
-    assert "curves/sessions/session_3.csv" in html
+    for group in ("loss", "suppression", "separation"):  # each session's term groups on their own plots
+        assert f"curves/sessions/{group}/session_3.csv" in html, group
 
     fscil = str(BIN / "fscil")
     table = _run([fscil, "compare", "main", "try-mlp"], tmp_path)

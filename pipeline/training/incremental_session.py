@@ -31,7 +31,7 @@ from pipeline.store.feature_store import FeatureStore
 from pipeline.store.memory import ClassMemory
 from pipeline.training.base_model import BASE_RERUN, MODEL_FILE, config_stamp
 from pipeline.training.checkpoint import load_checkpoint, prefixed, save_checkpoint, unprefixed, write_metrics
-from pipeline.training.curves import SESSION_COLUMNS, write_curve
+from pipeline.training.curves import write_session_curves
 from pipeline.training.diagnostics import session_diagnostics
 from pipeline.training.evaluate import session_metrics
 from pipeline.training.progress import CHECK_EVERY, ProgressLog
@@ -221,10 +221,11 @@ def match_vertices(projector, classifier, data: SessionData, inc, device) -> dic
 
 
 def fit_session(cfg, session: int, projector, classifier, data: SessionData, store: FeatureStore, device,
-                show_progress: bool, progress_lines: bool, curve: Path | None = None) -> tuple[dict, dict]:
+                show_progress: bool, progress_lines: bool,
+                curves: dict[str, Path] | None = None) -> tuple[dict, dict]:
     """The session's SGD steps on eq. optim_inc (fresh SGD, warm-up and cosine, draws made ahead); returns the
-    per-step loss history and the fit loss before and after, and stops a session whose fit got worse. curve: the
-    CSV of the loss terms and lr per step, rewritten at each read-back (`pipeline.training.curves`)."""
+    per-step loss history and the fit loss before and after, and stops a session whose fit got worse. curves: the
+    CSVs of the loss terms and lr per step ({folder: file}), rewritten at each read-back (`pipeline.training.curves`)."""
     inc = cfg.incremental
     trainable = [p for p in projector.parameters() if p.requires_grad] + list(classifier.parameters())
     opt = SGD(session_param_groups(projector, trainable, inc), lr=inc.lr, momentum=inc.momentum,
@@ -256,10 +257,9 @@ def fit_session(cfg, session: int, projector, classifier, data: SessionData, sto
                                   cfg.precision))
         if len(pending) == CHECK_EVERY or step + 1 == steps:  # the only read-back: every CHECK_EVERY steps
             read_back(pending, history, session, step + 1)
-            if curve is not None:
-                write_curve(curve, SESSION_COLUMNS, [{"step": i + 1, "lr": inc.lr * factor,
-                                                      **{k: v[i] for k, v in history.items()}}
-                                                     for i, factor in enumerate(lrs)])
+            if curves is not None:
+                write_session_curves(curves, [{"step": i + 1, "lr": inc.lr * factor,
+                                               **{k: v[i] for k, v in history.items()}} for i, factor in enumerate(lrs)])
             bar.set_postfix(loss=f"{history['loss'][-1]:.4f}")
             progress.update(step + 1, loss=f"{history['loss'][-1]:.4f}")
     fit["after"] = fit_loss(projector, classifier, data.x, data.y, data.num_seen, cfg.model.classifier, inc, frozen)
@@ -317,7 +317,8 @@ def write_session_state(cfg, session: int, projector, classifier, memory: ClassM
 
 
 def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir: Path | None, out_dir: Path,
-                  show_progress: bool = True, progress_lines: bool = True, curve: Path | None = None) -> dict:
+                  show_progress: bool = True, progress_lines: bool = True,
+                  curves: dict[str, Path] | None = None) -> dict:
     """Train g_inc for one session and write out_dir/{state.safetensors, metrics.json}; returns the metrics.
     show_progress: a bar (a terminal); progress_lines: plain progress lines (logs, dvc repro)."""
     started = time.time()
@@ -335,7 +336,7 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
     data = session_data(store, session, memory, cfg.incremental, device)
     vertices = match_vertices(projector, classifier, data, cfg.incremental, device)
     history, fit = fit_session(cfg, session, projector, classifier, data, store, device, show_progress,
-                               progress_lines, curve)
+                               progress_lines, curves)
     if cfg.incremental.freeze_base and frozen_digest(projector) != frozen_before:
         raise RuntimeError("frozen projector parts changed during an incremental session")
     out_dir = Path(out_dir)
@@ -357,9 +358,10 @@ def train_session(cfg, session: int, store_path: Path, base_dir: Path, prev_dir:
 
 
 def session_stage(cfg, session: int, store_path: Path, base_dir: Path, prev_dir: Path | None, out_dir: Path,
-                  show_progress: bool = True, progress_lines: bool = True, curve: Path | None = None) -> dict:
+                  show_progress: bool = True, progress_lines: bool = True,
+                  curves: dict[str, Path] | None = None) -> dict:
     """Incremental session `session` (g_inc trained on cached features) into out_dir, from session - 1's prev_dir;
-    its curve (when given) written as it trains."""
+    its curves (when given) written as it trains."""
     with atomic_output(out_dir, directory=True) as tmp:
         return train_session(cfg, session, store_path, base_dir, prev_dir, tmp, show_progress=show_progress,
-                             progress_lines=progress_lines, curve=curve)
+                             progress_lines=progress_lines, curves=curves)
