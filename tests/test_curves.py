@@ -64,7 +64,7 @@ def test_dvc_yaml_declares_the_curves_as_git_tracked_outputs_and_plots():
     base_outs = dvc["stages"]["base"]["outs"]
     session_outs = dvc["stages"]["incremental"]["do"]["outs"]
     assert {"data/curves/base.csv": {"cache": False}} in base_outs
-    plotted = {next(iter(p)): next(iter(p.values())) for p in dvc["plots"]}
+    plotted = {next(iter(p)): next(iter(p.values())) for p in dvc["plots"] if isinstance(p, dict)}
     for group, terms in (("loss", ["loss", "cls"]), ("suppression", "supp"), ("separation", "sep")):
         assert {f"data/curves/sessions/{group}/session_${{key}}.csv": {"cache": False}} in session_outs
         assert plotted[f"data/curves/sessions/{group}"]["y"] == terms
