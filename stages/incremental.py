@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pipeline.config import Config, check_sessions_match
 from pipeline.store.feature_store import FeatureStore
+from pipeline.training.curves import session_curve_files
 from pipeline.training.incremental_session import session_stage
 from stages.entry import load_config, main, options, say, show, timed
 from stages.paths import StagePaths
@@ -15,7 +16,7 @@ def run(cfg: Config, paths: StagePaths, session: int, show_progress: bool = True
     check_sessions_match(cfg, int(FeatureStore.open(paths.features).attrs["num_sessions"]) - 1)
     prev = paths.session(session - 1) if session > 1 else None
     return session_stage(cfg, session, paths.features, paths.base, prev, paths.session(session),
-                         show_progress=show_progress, curves=paths.session_curves(session))
+                         show_progress=show_progress, curves=session_curve_files(paths.session_curves, session))
 
 
 def command(session: int, params: Path, data_dir: Path, overrides: list[str], quiet: bool = False) -> None:

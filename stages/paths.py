@@ -44,12 +44,10 @@ class StagePaths:
         """Base training's loss, lr and training accuracy per epoch (a DVC plot, written as it trains)."""
         return self.data_dir / "curves" / "base.csv"
 
-    def session_curves(self, session: int) -> dict[str, Path]:
-        """Session N's loss terms and lr per step, {folder: file} (DVC plots, written as it trains; SESSION_CURVES)."""
-        from pipeline.training.curves import SESSION_CURVES
-
-        return {group: self.data_dir / "curves" / "sessions" / group / f"session_{session}.csv"
-                for group in SESSION_CURVES}
+    @property
+    def session_curves(self) -> Path:
+        """The sessions' loss terms and lr per step: one folder per term group (`session_curve_files`), DVC plots."""
+        return self.data_dir / "curves" / "sessions"
 
     @property
     def report(self) -> Path:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from pipeline.config import load_config
+from pipeline.training.curves import session_curve_files
 from pipeline.training.registry import BASE_SCHEDULES, SCHEDULES
 from tests.headroom import learned
 from tests.pipeline_fixtures import NUM_SESSIONS
@@ -42,7 +43,7 @@ def test_the_base_curve_is_the_base_training(tiny_run):
 def test_a_session_curve_is_its_loss_terms_and_lr_per_step(tiny_run, session):
     _, params, paths = tiny_run
     inc = load_config(params).incremental
-    files = paths.session_curves(session)
+    files = session_curve_files(paths.session_curves, session)
     curves = {group: pd.read_csv(path) for group, path in files.items()}
     history = json.loads((paths.session(session) / "metrics.json").read_text())["history"]
     steps = inc.session_value("steps", session)

@@ -33,6 +33,11 @@ def write_curve(path: Path | None, columns: tuple[str, ...], rows: list[dict]) -
     atomic_write_text(path, out.getvalue())
 
 
+def session_curve_files(folder: Path, session: int) -> dict[str, Path]:
+    """{term group: folder/<group>/session_N.csv} of session N."""
+    return {group: Path(folder) / group / f"session_{session}.csv" for group in SESSION_CURVES}
+
+
 def write_session_curves(paths: dict[str, Path] | None, rows: list[dict]) -> None:
     """`rows` (keyed by SESSION_COLUMNS) split into the SESSION_CURVES files `paths` ({folder: file}; None: none)."""
     for group, columns in SESSION_CURVES.items():
