@@ -30,7 +30,8 @@ class FolderEvaluation:
     (`correct`: empty for an unknown class or a skipped file)."""
     metrics: dict
     """`session_metrics` over the scored images (known class, readable): acc, base_acc, novel_acc (None where the
-    tree holds no such class), per_class_acc (over the model's classes, None for those absent), num_test."""
+    tree holds no such class), per_class_acc (over the model's classes, None for those absent), num_test,
+    num_correct, num_base_images, num_novel_images."""
     confusion: pd.DataFrame
     """Counts, one row per known class of the tree and one column per class of the model, both in class-id order."""
     unknown: dict[str, int]
@@ -42,7 +43,7 @@ class FolderEvaluation:
         """What `fscil predict --labelled` prints."""
         m = self.metrics
         known = len(self.confusion.index)
-        lines = [f"accuracy {m['acc']:.2f} % ({_hits(m['acc'], m['num_test'])} of {m['num_test']} images, {known} "
+        lines = [f"accuracy {m['acc']:.2f} % ({m['num_correct']} of {m['num_test']} images, {known} "
                  f"classes known to the model)"]
         if self.num_base is not None:
             parts = [f"{name} {m[key]:.2f} % ({m[count]} images)" for name, key, count in
@@ -53,10 +54,6 @@ class FolderEvaluation:
             lines.append(f"not known to the model, not scored: {', '.join(self.unknown)} "
                          f"({sum(self.unknown.values())} images)")
         return lines
-
-
-def _hits(acc: float, n: int) -> int:
-    return int(round(acc * n / 100.0))
 
 
 def evaluate_folder(trained: TrainedModel, root: Path, device: torch.device) -> FolderEvaluation:
@@ -88,7 +85,8 @@ def evaluate_folder(trained: TrainedModel, root: Path, device: torch.device) -> 
     if num_base is None:  # the split is unknown: all classes count as one group
         metrics.update(base_acc=None, novel_acc=None)
     split = truth < (trained.num_seen if num_base is None else num_base)
-    metrics.update(num_base_images=int(split.sum()), num_novel_images=int((~split).sum()))
+    metrics.update(num_correct=int((pred == truth).sum()), num_base_images=int(split.sum()),
+                   num_novel_images=int((~split).sum()))
     present = sorted({ids[name] for name in known if (truth == ids[name]).any()})
     counts = np.zeros((len(present), trained.num_seen), dtype=np.int64)
     row_of = {c: k for k, c in enumerate(present)}
