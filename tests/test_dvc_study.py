@@ -12,6 +12,7 @@ import math
 import pytest
 
 from pipeline.config import session_map
+from pipeline.research.seeds import vs_own_cell
 from tests.pipeline_fixtures import TINY_PARAMS
 from tests.test_dvc_queue import BIN, _run, tiny_repository
 
@@ -34,7 +35,7 @@ def test_a_study_is_a_grid_of_queued_experiments_compared_over_seeds(tmp_path):
     dvc = tiny_repository(project, params)
 
     study = [str(BIN / "fscil"), "study", "--variants", "mamba_fscil,mlp_baseline", "--seeds", "0,1", "--jobs", "2",
-             "-m", "avg", "-m", "final"]
+             "-m", "avg", "-m", "final", "-m", "class_means_avg"]
     printed = _run(study, project)
     rows = {r["Experiment"]: r for r in csv.DictReader(io.StringIO(_run([dvc, "exp", "show", "--csv"], project)))}
     names = [f"study-{v}-s{s}" for v in ("mamba_fscil", "mlp_baseline") for s in (0, 1)]
@@ -42,12 +43,21 @@ def test_a_study_is_a_grid_of_queued_experiments_compared_over_seeds(tmp_path):
     assert [rows[n]["variant"] for n in names] == ["mamba_fscil"] * 2 + ["mlp_baseline"] * 2
     assert [rows[n]["seed"] for n in names] == ["0", "1", "0", "1"]
 
-    table = {line.split()[0]: line for line in printed.splitlines() if line.startswith("variant=")}
+    print(printed)  # docs/experiments.md shows it
+    lines = printed.splitlines()
+    own_at = lines.index("AVG minus the class means of each run's own backbone, paired by seed:")
+    table = {line.split()[0]: line for line in lines[:own_at] if line.startswith("variant=")}
+    own = {line.split()[0]: line.split(None, 1)[1] for line in lines[own_at + 1:] if line.startswith("variant=")}
     for variant in ("mamba_fscil", "mlp_baseline"):
         line = table[f"variant={variant}"]
         assert "0,1" in line and "study" not in line
         for metric in ("avg", "final"):
             assert _mean_se([float(rows[f"study-{variant}-s{s}"][metric]) for s in (0, 1)]) in line, (metric, line)
+        # each run against the class means of its own backbone (its metrics.json's class_means_avg), paired
+        vs = [float(rows[f"study-{variant}-s{s}"]["avg"]) - float(rows[f"study-{variant}-s{s}"]["class_means_avg"])
+              for s in (0, 1)]
+        assert own[f"variant={variant}"] == vs_own_cell(sum(vs) / 2, abs(vs[0] - vs[1]) / 2,
+                                                        sum(v > 0 for v in vs), sum(v < 0 for v in vs))
     diff = [float(rows[f"study-mlp_baseline-s{s}"]["avg"]) - float(rows[f"study-mamba_fscil-s{s}"]["avg"])
             for s in (0, 1)]
     paired = next(line for line in printed.splitlines() if line.startswith("avg "))
