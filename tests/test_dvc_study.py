@@ -57,7 +57,7 @@ def test_a_study_is_a_grid_of_queued_experiments_compared_over_seeds(tmp_path):
         vs = [float(rows[f"study-{variant}-s{s}"]["avg"]) - float(rows[f"study-{variant}-s{s}"]["class_means_avg"])
               for s in (0, 1)]
         assert own[f"variant={variant}"] == vs_own_cell(sum(vs) / 2, abs(vs[0] - vs[1]) / 2,
-                                                        sum(v > 0 for v in vs), sum(v < 0 for v in vs))
+                                                        sum(v > 0 for v in vs), sum(v < 0 for v in vs), "+-")
     diff = [float(rows[f"study-mlp_baseline-s{s}"]["avg"]) - float(rows[f"study-mamba_fscil-s{s}"]["avg"])
             for s in (0, 1)]
     paired = next(line for line in printed.splitlines() if line.startswith("avg "))

@@ -97,6 +97,6 @@ def test_each_setting_against_its_runs_own_class_means_paired_by_seed():
     # lambda1 1: 50-49, 54-55, 46-46, 60-58 = +1, -1, 0, +2: mean 0.5, sd sqrt(5/3), SE 0.65: level
     # lambda1 5: +2, +2, +2: SE 0, beyond 2 SE: above
     assert "AVG minus the class means of each run's own backbone, paired by seed:" in text
-    assert "incremental.lambda1=1.0  +0.50 ± 0.65 (2 up, 1 down): level" in text
-    assert "incremental.lambda1=5.0  +2.00 ± 0.00 (3 up, 0 down): above" in text
+    assert "incremental.lambda1=1.0  +0.50 +- 0.65 (2 up, 1 down): level" in text
+    assert "incremental.lambda1=5.0  +2.00 +- 0.00 (3 up, 0 down): above" in text
     assert "own backbone" not in compare_text(*compare(CSV, [], ("avg", "final"))[:2])  # no class means: no line

@@ -111,9 +111,9 @@ def standing_word(mean: float, se: float) -> str:
     return "above" if mean > 0 else "below"
 
 
-def vs_own_cell(mean: float, se: float, up: int, down: int) -> str:
-    """'+0.68 ± 0.22 (3 up, 0 down): above' (a study table's and the README's column)."""
-    spread = f" ± {se:.2f}" if se == se else ""
+def vs_own_cell(mean: float, se: float, up: int, down: int, pm: str = "±") -> str:
+    """'+0.68 ± 0.22 (3 up, 0 down): above' (a study table's and the README's column; `fscil compare` writes +-)."""
+    spread = f" {pm} {se:.2f}" if se == se else ""
     return f"{mean:+.2f}{spread} ({up} up, {down} down): {standing_word(mean, se)}"
 
 
@@ -128,5 +128,5 @@ def vs_own_class_means(settings: pd.Series, metrics: pd.DataFrame) -> dict[str, 
         values = diff[settings == setting].dropna()
         if len(values):
             mean, se, _ = mean_se(values)
-            out[setting] = vs_own_cell(mean, se, int((values > 0).sum()), int((values < 0).sum()))
+            out[setting] = vs_own_cell(mean, se, int((values > 0).sum()), int((values < 0).sum()), "+-")
     return out
