@@ -113,7 +113,8 @@ def predict_images(images: Annotated[list[Path], typer.Argument(help="Image file
 
     from pipeline.atomic import atomic_output, claim_file
     from pipeline.device import resolve_device
-    from pipeline.training import apply, labelled as folder_eval
+    from pipeline.training import apply
+    from pipeline.training import labelled as folder_eval
 
     if labelled:
         if len(images) != 1 or not images[0].is_dir():

@@ -24,8 +24,7 @@ import pandas as pd
 from pipeline.errors import FSCILError
 from pipeline.report import DETAILS_FILE, HEADLINE, prototype_columns, standing, summarise, summarise_prototypes
 from pipeline.research.queue import run_dvc
-from pipeline.research.seeds import (SEED, by_setting, has_repeated_settings, paired, setting_labels,
-                                     vs_own_class_means)
+from pipeline.research.seeds import SEED, by_setting, has_repeated_settings, paired, setting_labels, vs_own_class_means
 
 _ROW_COLUMNS = ("Experiment", "rev", "typ", "Created", "parent", "State", "Executor")
 DETAILS = f"data/report/{DETAILS_FILE}"

@@ -225,7 +225,7 @@ def fit_session(cfg, session: int, projector, classifier, data: SessionData, sto
                 curves: dict[str, Path] | None = None) -> tuple[dict, dict]:
     """The session's SGD steps on eq. optim_inc (fresh SGD, warm-up and cosine, draws made ahead); returns the
     per-step loss history and the fit loss before and after, and stops a session whose fit got worse. curves: the
-    CSVs of the loss terms and lr per step ({folder: file}), rewritten at each read-back (`pipeline.training.curves`)."""
+    CSVs of the loss terms and lr per step ({folder: file}), rewritten at each read-back (pipeline/training/curves)."""
     inc = cfg.incremental
     trainable = [p for p in projector.parameters() if p.requires_grad] + list(classifier.parameters())
     opt = SGD(session_param_groups(projector, trainable, inc), lr=inc.lr, momentum=inc.momentum,
@@ -259,7 +259,8 @@ def fit_session(cfg, session: int, projector, classifier, data: SessionData, sto
             read_back(pending, history, session, step + 1)
             if curves is not None:
                 write_session_curves(curves, [{"step": i + 1, "lr": inc.lr * factor,
-                                               **{k: v[i] for k, v in history.items()}} for i, factor in enumerate(lrs)])
+                                               **{k: v[i] for k, v in history.items()}}
+                                              for i, factor in enumerate(lrs)])
             bar.set_postfix(loss=f"{history['loss'][-1]:.4f}")
             progress.update(step + 1, loss=f"{history['loss'][-1]:.4f}")
     fit["after"] = fit_loss(projector, classifier, data.x, data.y, data.num_seen, cfg.model.classifier, inc, frozen)
