@@ -87,7 +87,7 @@ def evaluate_folder(trained: TrainedModel, root: Path, device: torch.device) -> 
     split = truth < (trained.num_seen if num_base is None else num_base)
     metrics.update(num_correct=int((pred == truth).sum()), num_base_images=int(split.sum()),
                    num_novel_images=int((~split).sum()))
-    present = sorted({ids[name] for name in known if (truth == ids[name]).any()})
+    present = np.unique(truth).tolist()  # the known classes with a scored image, in class-id order
     counts = np.zeros((len(present), trained.num_seen), dtype=np.int64)
     row_of = {c: k for k, c in enumerate(present)}
     np.add.at(counts, (np.array([row_of[t] for t in truth]), pred), 1)
