@@ -1,8 +1,9 @@
 """dvc.yaml's code dependencies, generated: each stage depends on exactly the code its command imports (and, written
 by hand, on data/config/<stage>.yaml, the resolved values it reads: `pipeline.config.STAGE_KEYS`).
 
-A stage's command is `stages/run <name>` (`python -m stages.<name>`); its code is that module and every module of
-ours it imports, at the top of a file or inside a function, transitively (read with `ast`, nothing is imported).
+A stage's command is `stages/run <name>` (`python -m stages.<name>`, forked by stages/launch.py); its code is those
+two launchers, that module and every module of ours it imports, at the top of a file or inside a function,
+transitively (read with `ast`, nothing is imported).
 A registry (pipeline/<package>/registry.py) names its entries' modules ("module:attribute"): a stage whose code
 looks names up in it depends on every entry's module, the config, which only checks names against it, on the
 registry's file alone. What is loaded by name otherwise is not followed: the optional GPU kernels
@@ -23,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "stages")
-LAUNCHER = "stages/run"
+LAUNCHERS = ("stages/run", "stages/launch.py")  # what runs every stage's module: a dep of each
 COMMAND = "python -m stages.dvc_deps"
 
 
@@ -152,13 +153,13 @@ def stage_code(stage: str, root: Path = REPO) -> list[str]:
         raise SystemExit(f"error: dvc.yaml names stage {stage!r} but stages/{stage}.py does not exist")
     files = with_registries(import_closure({start}, root), root)
     code = {str(f.relative_to(root)) for f in files if f.stat().st_size}
-    return sorted(code | {LAUNCHER})
+    return sorted(code | set(LAUNCHERS))
 
 
 def is_code(dep: str, stage: str, root: Path = REPO) -> bool:
     """A dep this generator owns: a code file, or a folder of our packages (the config stage keeps the preset and
     variant folders it reads; the other stages read their resolved values in data/config/<stage>.yaml instead)."""
-    if dep.endswith(".py") or dep == LAUNCHER:
+    if dep.endswith(".py") or dep in LAUNCHERS:
         return True
     return stage != "config" and dep.split("/")[0] in PACKAGES and (root / dep).is_dir()
 

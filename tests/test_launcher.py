@@ -42,12 +42,12 @@ def test_launcher_prefers_path_then_venv_then_says_what_to_do(tmp_path):
     # the project's .venv, found from any working directory without activating it
     _fake_env(tmp_path / "proj" / ".venv" / "bin", "venv", fscil=False)
     venv = _launch(launcher, BARE_PATH, tmp_path)
-    assert venv.returncode == 0 and venv.stdout == "venv python -m stages.report --quiet\n"
+    assert venv.returncode == 0 and venv.stdout == "venv python -m stages.launch report --quiet\n"
 
     # an activated environment (fscil on PATH) wins over .venv: the Python beside it
     _fake_env(tmp_path / "active", "active")
     active = _launch(launcher, f"{tmp_path / 'active'}{os.pathsep}{BARE_PATH}", tmp_path)
-    assert active.returncode == 0 and active.stdout == "active python -m stages.report --quiet\n"
+    assert active.returncode == 0 and active.stdout == "active python -m stages.launch report --quiet\n"
 
 
 def test_every_dvc_stage_runs_through_the_launcher():
