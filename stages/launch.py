@@ -145,9 +145,11 @@ def run_direct(stage: str, args: list[str]) -> None:
 def launch(stage: str, args: list[str]) -> int:
     """Run `stage` in a process forked from the server; returns its exit code (a stage killed by a signal: this
     process is killed by the same signal)."""
-    path = socket_path(server_key()) if sys.platform.startswith("linux") else None
-    sock = _server(path) if path and os.environ.get(OPT_OUT, "on") != "off" else None
-    if sock is None:
+    sock = None
+    if sys.platform.startswith("linux") and os.environ.get(OPT_OUT, "on") != "off":
+        with contextlib.suppress(OSError):  # no server to be had here: the direct run
+            sock = (path := socket_path(server_key())) and _server(path)
+    if not sock:
         run_direct(stage, args)
     stage_pid: list[int] = []
     pending: list[int] = []
@@ -162,20 +164,20 @@ def launch(stage: str, args: list[str]) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, forward)
     with sock:
-        _send(sock, {"stage": stage, "args": args, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2])
-        started, _ = _receive(sock)
-        if started is None:
-            print("error: the fork server did not start the stage; FSCIL_FORK_SERVER=off runs stages directly",
-                  file=sys.stderr)
-            return 1
+        try:
+            _send(sock, {"stage": stage, "args": args, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2])
+            started, _ = _receive(sock)
+        except OSError:
+            started = None
+        if started is None:  # the server ended before it forked the stage: nothing ran yet
+            run_direct(stage, args)
         stage_pid.append(started["pid"])
         for signum in pending:
             forward(signum, None)
         ended, _ = _receive(sock)
     if ended is None:
-        print(f"error: the fork server ended before stage {stage} (process {stage_pid[0]}) did; its exit status is "
-              "lost",
-              file=sys.stderr)
+        print(f"error: the fork server ended before stage {stage} (process {stage_pid[0]}) did; its exit status "
+              "is lost", file=sys.stderr)
         return 1
     code = os.waitstatus_to_exitcode(ended["status"])
     if code < 0:  # killed by a signal: end the same way
@@ -260,20 +262,17 @@ def _stage_process(request: dict, fds: list[int]) -> int:
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    for target, name in enumerate(("stdin", "stdout", "stderr")):
-        tty = os.isatty(target)
-        stream = open(target, "r" if target == 0 else "w", closefd=False, encoding=getattr(sys, name).encoding,
-                         errors="backslashreplace" if target == 2 else getattr(sys, name).errors,
-                         buffering=1 if target == 2 or (tty and target == 1) else -1)
+    for target, name in enumerate(("stdin", "stdout", "stderr")):  # as the interpreter makes them at start-up
+        old = getattr(sys, name)  # the server's: same encoding, errors and PYTHONUNBUFFERED, but not the same files
+        stream = open(target, "r" if target == 0 else "w", closefd=False, encoding=old.encoding, errors=old.errors,
+                      buffering=1 if target == 2 or (target == 1 and os.isatty(1)) else -1)
+        if target and old.write_through:
+            stream.reconfigure(write_through=True)
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
     os.chdir(request["cwd"])
-    from pipeline.portable import pin_cpu_kernels  # the server's copy: the same bytes as the caller's (its key)
-
-    env = dict(request["env"])
-    pin_cpu_kernels(env)  # what importing `stages` sets in a new process (here torch is loaded: it would not)
-    os.environ.clear()
-    os.environ.update(env)
+    os.environ.clear()  # the caller's, pinned when it imported `stages` (here torch is loaded: the import would not)
+    os.environ.update(request["env"])
     for name in [m for m in sys.modules if m.split(".")[0] in OURS]:
         del sys.modules[name]
     sys.path[0] = os.getcwd()
@@ -283,14 +282,15 @@ def _stage_process(request: dict, fds: list[int]) -> int:
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
     sys.argv = [sys.argv[0], *request["args"]]
+    interrupted = False
     try:
         runpy.run_module(f"stages.{request['stage']}", run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as done:
         code = _exit_code(done.code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the interpreter prints it, then ends killed by SIGINT
         sys.excepthook(*sys.exc_info())
-        code = 130
+        code, interrupted = 1, True
     except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
         sys.excepthook(*sys.exc_info())
         code = 1
@@ -299,6 +299,9 @@ def _stage_process(request: dict, fds: list[int]) -> int:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     return code
 
 
