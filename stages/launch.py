@@ -245,8 +245,27 @@ def _handle(conn: socket.socket) -> None:
     for fd in fds:
         os.close(fd)
     _send(conn, {"pid": pid})
-    _, status = os.waitpid(pid, 0)
-    _send(conn, {"status": status})
+    _send(conn, {"status": _wait(pid, conn)})
+
+
+def _wait(pid: int, conn: socket.socket) -> int:
+    """The stage's wait status; if the caller goes first (killed: it cannot forward SIGKILL), the stage's group is
+    killed, as the stage itself would have been, run directly."""
+    import select
+
+    try:
+        ready = [os.pidfd_open(pid)]  # readable when the stage ends
+    except (AttributeError, OSError):
+        ready = []  # no pidfd here: look every 0.1 s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        readable, _, _ = select.select([conn, *ready], [], [], None if ready else 0.1)
+        if conn in readable and not conn.recv(1, socket.MSG_PEEK):  # the caller sends nothing more: it is gone
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            return os.waitpid(pid, 0)[1]
 
 
 def _stage_process(request: dict, fds: list[int]) -> int:

@@ -128,6 +128,21 @@ def test_exit_status_errors_and_signals_pass_through(project):
         assert codes == [-signum, -signum]  # killed by the signal, as the direct run is (the stage got it)
 
 
+def test_a_killed_caller_takes_its_stage_with_it(project):
+    """SIGKILL cannot be forwarded: the server kills the stage when its caller is gone, as a direct run would be."""
+    root, sockets = project
+    proc = subprocess.Popen([sys.executable, "-m", "stages.launch", "probe", "--sleep"], cwd=root, env=_env(sockets),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stage = json.loads(proc.stdout.readline())
+    assert stage["preloaded"]
+    proc.kill()
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{stage['pid']}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{stage['pid']}").exists()
+
+
 def test_an_edit_between_two_stages_is_seen_by_the_same_server(project):
     _, first = _probe(project)
     probe = project[0] / "stages" / "probe.py"

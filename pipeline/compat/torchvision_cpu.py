@@ -8,7 +8,8 @@ is enough for everything timm uses (the ops themselves then have no kernel and r
 
 This is the one place that handles the problem. `python -m pipeline.compat.torchvision_cpu --install`
 (run by `make install`) writes a `.pth` file into the environment's site-packages that installs a
-lazy import hook: nothing happens at interpreter start-up except registering the hook, and torch is
+lazy import hook: nothing happens at interpreter start-up except loading this file (by its path: not
+our package, whose checkout is the working directory's) and registering the hook, and torch is
 imported only when something imports torchvision. On a CUDA build of torch the hook does nothing.
 """
 
@@ -20,6 +21,7 @@ import sysconfig
 from pathlib import Path
 
 PTH_NAME = "fscil_torchvision_cpu.pth"
+HOOK_MODULE = "_fscil_torchvision_cpu"  # the name the .pth file loads this file under (not `pipeline.compat...`)
 _SCHEMAS = {
     "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
     "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
@@ -63,7 +65,9 @@ class _TorchvisionHook(importlib.abc.MetaPathFinder):
 
 
 def install_import_hook() -> None:
-    if "torchvision" in sys.modules or any(isinstance(f, _TorchvisionHook) for f in sys.meta_path):
+    # by name: the .pth file may run twice (site-packages reached by two paths, lib and lib64), each time loading
+    # this file afresh, so the class differs
+    if "torchvision" in sys.modules or any(type(f).__name__ == _TorchvisionHook.__name__ for f in sys.meta_path):
         return
     sys.meta_path.insert(0, _TorchvisionHook())
 
@@ -72,7 +76,12 @@ def write_pth(site_packages: Path | None = None) -> Path:
     """Write the .pth file that installs the hook at every interpreter start of this environment."""
     site_packages = Path(site_packages or sysconfig.get_paths()["purelib"])
     target = site_packages / PTH_NAME
-    target.write_text("import pipeline.compat.torchvision_cpu as _tv; _tv.install_import_hook()\n")
+    # this file loaded by its path under a private name: the hook must not import our package at start-up, which
+    # would bind `pipeline` to this checkout in every process (a copy's or another checkout's stages would run it)
+    line = (f"import importlib.util as _u, os as _os; _f = {str(Path(__file__).resolve())!r}; "
+            f"_s = _os.path.isfile(_f) and _u.spec_from_file_location({HOOK_MODULE!r}, _f); "
+            "_m = _s and _u.module_from_spec(_s); _s and _s.loader.exec_module(_m); _m and _m.install_import_hook()")
+    target.write_text(line + "\n")
     return target
 
 
