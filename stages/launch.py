@@ -42,6 +42,7 @@ SERVER_CODE = ("stages/__init__.py", "stages/launch.py", "pipeline/__init__.py",
 VOLATILE = ("PWD", "OLDPWD", "SHLVL", "_")  # and every name starting with VOLATILE_PREFIXES
 VOLATILE_PREFIXES = ("PYTEST_", "DVC_")
 OURS = ("stages", "pipeline")
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # from the caller to the stage
 ROOT = Path(__file__).resolve().parents[1]
 _LENGTH = 8  # bytes of a message's length prefix
 
@@ -161,11 +162,16 @@ def launch(stage: str, args: list[str]) -> int:
         if not stage_pid:
             pending.append(signum)
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(signum, forward)
+    # a signal this process ignores (a background job's SIGINT, nohup's SIGHUP) the stage ignores too; the others
+    # reach it
+    ignored = [int(signum) for signum in FORWARDED if signal.getsignal(signum) == signal.SIG_IGN]
+    for signum in FORWARDED:
+        if signum not in ignored:
+            signal.signal(signum, forward)
+    request = {"stage": stage, "args": args, "cwd": os.getcwd(), "env": dict(os.environ), "ignored": ignored}
     with sock:
         try:
-            _send(sock, {"stage": stage, "args": args, "cwd": os.getcwd(), "env": dict(os.environ)}, [0, 1, 2])
+            _send(sock, request, [0, 1, 2])
             started, _ = _receive(sock)
         except OSError:
             started = None
@@ -278,6 +284,9 @@ def _stage_process(request: dict, fds: list[int]) -> int:
     import threading
 
     os.setpgid(0, 0)  # the caller forwards its signals to this group (the stage and what it starts)
+    for signum in FORWARDED:  # as the interpreter sets them up, from the caller's (not the server's) dispositions
+        default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+        signal.signal(signum, signal.SIG_IGN if signum in request["ignored"] else default)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)

@@ -105,7 +105,7 @@ def test_a_forked_stage_sees_what_a_new_process_sees(project):
     assert seen["capability"] == "AVX2"
 
 
-def test_exit_status_errors_and_signals_pass_through(project):
+def test_exit_status_and_errors_pass_through(project):
     for args in (["--fail"], ["--raise"]):
         direct, _ = _probe(project, *args, fork=False)
         forked, _ = _probe(project, *args)
@@ -113,19 +113,37 @@ def test_exit_status_errors_and_signals_pass_through(project):
         assert forked.stderr.splitlines()[-1] == direct.stderr.splitlines()[-1]
     assert direct.stderr.splitlines()[-1] == "ValueError: boom"
 
+
+def test_signals_reach_the_stage_as_they_reach_a_new_process(project):
+    """A caller that ignores SIGINT (a background job's) runs a stage that ignores it, and its server (this test's
+    first forked call starts one) ignores it too; a later caller with SIGINT at its default on that server: its stage
+    ends by SIGINT, as a new process does. SIGTERM ends both."""
+    for ignore_int, signum in ((True, signal.SIGINT), (False, signal.SIGINT), (False, signal.SIGTERM)):
+        codes = [_signalled(project, signum, fork, ignore_int) for fork in (True, False)]
+        expected = [-signal.SIGTERM] * 2 if ignore_int else [-signum] * 2  # ignored: ended by the SIGTERM after it
+        assert codes == expected, (ignore_int, signum, codes)
+
+
+def _signalled(project, signum: int, fork: bool, ignore_int: bool) -> int:
+    """The caller's exit status after `signum` reached it while its stage ran (SIGTERM after 1 s if it still runs);
+    the stage has ended and been reaped by then."""
     root, sockets = project
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        codes = []
-        for fork in (False, True):
-            env = _env(sockets, **({} if fork else {"FSCIL_FORK_SERVER": "off"}))
-            proc = subprocess.Popen([sys.executable, "-m", "stages.launch", "probe", "--sleep"], cwd=root, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            stage = json.loads(proc.stdout.readline())["pid"]  # the stage is running
-            proc.send_signal(signum)
-            proc.wait(timeout=60)
-            codes.append(proc.returncode)
-            assert not Path(f"/proc/{stage}").exists()  # ended (and reaped) before the caller returned
-        assert codes == [-signum, -signum]  # killed by the signal, as the direct run is (the stage got it)
+    env = _env(sockets, **({} if fork else {"FSCIL_FORK_SERVER": "off"}))
+
+    def disposition():  # the caller's SIGINT as asked, whatever this test process has (xdist's workers ignore it)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ignore_int else signal.SIG_DFL)
+
+    proc = subprocess.Popen([sys.executable, "-m", "stages.launch", "probe", "--sleep"], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=disposition)
+    stage = json.loads(proc.stdout.readline())["pid"]  # the stage is running
+    proc.send_signal(signum)
+    try:
+        proc.wait(timeout=1 if ignore_int else 30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert not Path(f"/proc/{stage}").exists()  # ended (and reaped) before the caller returned
+    return proc.returncode
 
 
 def test_a_killed_caller_takes_its_stage_with_it(project):

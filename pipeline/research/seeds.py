@@ -117,6 +117,14 @@ def vs_own_cell(mean: float, se: float, up: int, down: int, pm: str = "±") -> s
     return f"{mean:+.2f}{spread} ({up} up, {down} down): {standing_word(mean, se)}"
 
 
+def paired_stats(differences: pd.Series) -> tuple[float, float, int, int]:
+    """(mean, SE, seeds up, seeds down) of per-seed paired differences (a method's AVG minus its own class means);
+    mean and SE NaN without values, SE NaN below two."""
+    values = pd.to_numeric(differences, errors="coerce").dropna()
+    mean, se, _ = mean_se(values)
+    return mean, se, int((values > 0).sum()), int((values < 0).sum())
+
+
 def vs_own_class_means(settings: pd.Series, metrics: pd.DataFrame) -> dict[str, str]:
     """{setting: `vs_own_cell` of its runs' AVG minus the class means of each run's own backbone} (metrics `avg` and
     `class_means_avg`, both in every run's metrics.json), for the settings whose runs have both."""
@@ -125,8 +133,7 @@ def vs_own_class_means(settings: pd.Series, metrics: pd.DataFrame) -> dict[str, 
     diff = pd.to_numeric(metrics["avg"], errors="coerce") - pd.to_numeric(metrics["class_means_avg"], errors="coerce")
     out = {}
     for setting in dict.fromkeys(settings):
-        values = diff[settings == setting].dropna()
-        if len(values):
-            mean, se, _ = mean_se(values)
-            out[setting] = vs_own_cell(mean, se, int((values > 0).sum()), int((values < 0).sum()), "+-")
+        mean, se, up, down = paired_stats(diff[settings == setting])
+        if mean == mean:
+            out[setting] = vs_own_cell(mean, se, up, down, "+-")
     return out

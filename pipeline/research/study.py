@@ -30,7 +30,7 @@ from pipeline.data.prepare import build_pack
 from pipeline.errors import FSCILError, TrainingDiverged
 from pipeline.plots import PROTOTYPE
 from pipeline.research.parallel import run_batches
-from pipeline.research.seeds import vs_own_cell
+from pipeline.research.seeds import paired_stats, vs_own_cell
 from pipeline.research.selection import run_candidate
 from pipeline.training.base_model import base_twin, config_digest
 from pipeline.training.progress import clock
@@ -212,9 +212,9 @@ def study_table(sessions: pd.DataFrame, variants: list[str], reference: str | No
     grouped = scores.groupby("variant", sort=False)
     table = grouped[[*SCORES, "vs_proto", "novel_s1"]].agg(["mean", "std"]).reindex(order)
     # the paired difference to the run's own class means: its SE over seeds and the seeds above / below them
-    table[("vs_proto", "se")] = table[("vs_proto", "std")] / np.sqrt(grouped["vs_proto"].count().reindex(order))
-    table[("vs_proto", "up")] = grouped["vs_proto"].agg(lambda d: int((d > 0).sum())).reindex(order)
-    table[("vs_proto", "down")] = grouped["vs_proto"].agg(lambda d: int((d < 0).sum())).reindex(order)
+    paired = grouped["vs_proto"].apply(paired_stats).reindex(order)
+    for i, name in enumerate(("se", "up", "down"), start=1):
+        table[("vs_proto", name)] = [p[i] if isinstance(p, tuple) else np.nan for p in paired]
     table[("seeds", "n")] = grouped.size().reindex(order).fillna(0)
     table[("diverged", "n")] = [sum(d == v for d, _ in diverged) for v in order]
     table[("params", "final")] = grouped["params"].max().reindex(order)  # the projector's, in the last session
