@@ -4,13 +4,14 @@ session stage's 10 s; docs/research/where-the-time-goes.md).
 
     python -m stages.launch <stage> [options]      # does what `python -m stages.<stage> [options]` does
 
-The server (`python -m stages.launch --serve SOCKET`), started by the first stage that finds none and gone after
-IDLE_SECONDS without one, pins the CPU kernels as every stage does (importing the `stages` package) and imports
-PRELOAD: other projects' libraries only, never a module of ours. For each stage it forks a process that becomes
-`python -m stages.<stage>` in everything a stage can see: the caller's working directory (first on sys.path, as for
-`python -m`), its environment with the kernel pin applied, its arguments, its standard streams (the descriptors
-themselves: a terminal stays a terminal), our modules imported afresh from that directory (an edit between two stages
-is seen), fresh seeds for `random` and NumPy's global generator; its exit status and signals pass through the caller.
+The server (`python -m stages.launch --serve KEY`, listening at `socket_path(KEY)`), started by the first stage that
+finds none and gone after IDLE_SECONDS without one, pins the CPU kernels as every stage does (importing the `stages`
+package) and imports PRELOAD: other projects' libraries only, never a module of ours. For each stage it forks a process
+that becomes `python -m stages.<stage>` in everything a stage can see: the caller's working directory (first on
+sys.path, as for `python -m`), its environment with the kernel pin applied, its arguments, its standard streams (the
+descriptors themselves: a terminal stays a terminal), our modules imported afresh from that directory (an edit between
+two stages is seen), fresh seeds for `random` and NumPy's global generator; its exit status and signals pass through the
+caller.
 
 A server serves only callers with its Python, its own code (this file and what importing `stages` runs) and the same
 environment but for the names in VOLATILE, the variables that differ between the commands of one run and that no
@@ -25,8 +26,10 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -54,7 +57,7 @@ def server_key(environ: dict[str, str] | None = None, root: Path = ROOT) -> str:
     VOLATILE."""
     environ = dict(os.environ if environ is None else environ)
     digest = hashlib.sha256()
-    for part in (sys.executable, sys.version, json.dumps(PRELOAD)):
+    for part in (sys.executable, sys.version):
         digest.update(part.encode() + b"\0")
     for name in SERVER_CODE:
         digest.update(name.encode() + b"\0" + (root / name).read_bytes() + b"\0")
@@ -65,7 +68,10 @@ def server_key(environ: dict[str, str] | None = None, root: Path = ROOT) -> str:
 
 def socket_path(key: str) -> Path | None:
     """The server's socket: in a folder of this user's alone under the temporary directory; None when that folder
-    is not ours (another user's, or open to others)."""
+    is not ours (another user's, or open to others). Nothing else is ever written or removed: the lock, the log and
+    the socket are `<key>.*` in that folder."""
+    if not re.fullmatch(r"[0-9a-f]{24}", key):
+        raise ValueError(f"not a server key: {key!r}")
     folder = Path(tempfile.gettempdir()) / f"fscil-{os.getuid()}"
     with contextlib.suppress(FileExistsError):
         folder.mkdir(mode=0o700)
@@ -85,9 +91,9 @@ def _connect(path: Path) -> socket.socket | None:
     return sock
 
 
-def _server(path: Path) -> socket.socket | None:
-    """A connection to the server at `path`, started here (under a lock, so that callers at once start one) when
-    none answers."""
+def _server(key: str, path: Path) -> socket.socket | None:
+    """A connection to the server `key` listening at `path`, started here (under a lock, so that callers at once
+    start one) when none answers."""
     if sock := _connect(path):
         return sock
     import fcntl
@@ -98,9 +104,10 @@ def _server(path: Path) -> socket.socket | None:
         if sock := _connect(path):
             return sock
         with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # a server that died left its socket behind
+            if stat.S_ISSOCK(path.lstat().st_mode):
+                path.unlink()  # a server that died left its socket behind
         with open(path.with_suffix(".log"), "w") as log:  # the server's own errors, if any
-            server = subprocess.Popen([sys.executable, "-m", "stages.launch", "--serve", str(path)], cwd=ROOT,
+            server = subprocess.Popen([sys.executable, "-m", "stages.launch", "--serve", key], cwd=ROOT,
                                       stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline and server.poll() is None:
@@ -149,7 +156,8 @@ def launch(stage: str, args: list[str]) -> int:
     sock = None
     if sys.platform.startswith("linux") and os.environ.get(OPT_OUT, "on") != "off":
         with contextlib.suppress(OSError):  # no server to be had here: the direct run
-            sock = (path := socket_path(server_key())) and _server(path)
+            key = server_key()
+            sock = (path := socket_path(key)) and _server(key, path)
     if not sock:
         run_direct(stage, args)
     stage_pid: list[int] = []
@@ -194,9 +202,12 @@ def launch(stage: str, args: list[str]) -> int:
 
 # --- the server --------------------------------------------------------------------------------------------------
 
-def serve(path: Path) -> None:
-    """Import PRELOAD, listen at `path` (made visible once ready), fork a handler per caller; exit after
-    IDLE_SECONDS without one, or when `path` is no longer this server's socket."""
+def serve(key: str) -> None:
+    """Import PRELOAD, listen at `socket_path(key)` (made visible once ready), fork a handler per caller; exit after
+    IDLE_SECONDS without one, or when that path is no longer this server's socket."""
+    path = socket_path(key)
+    if path is None:
+        sys.exit(f"error: {Path(tempfile.gettempdir()) / f'fscil-{os.getuid()}'} is not this user's alone")
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
@@ -345,7 +356,10 @@ def _exit_code(value) -> int:
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--serve"] and len(argv) == 2:
-        serve(Path(argv[1]))
+        try:
+            serve(argv[1])
+        except ValueError as err:  # a key is 24 hex digits, never a path: nothing is written
+            sys.exit(f"error: {err}")
         return
     if not argv or argv[0].startswith("-"):
         sys.exit("usage: python -m stages.launch <stage> [options]  (what stages/run runs)")

@@ -66,14 +66,15 @@ def project(tmp_path):
 
 
 def _servers(sockets: Path) -> list[int]:
-    """The servers whose socket is under `sockets`."""
+    """The servers whose socket is under `sockets` (their TMPDIR)."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"--serve" in cmdline and any(str(sockets).encode() in part for part in cmdline):
+        if b"--serve" in cmdline and f"TMPDIR={sockets}".encode() in environ:
             found.append(int(proc.name))
     return found
 
@@ -207,6 +208,17 @@ def test_a_dead_servers_socket_is_replaced(project):
     assert list(project[1].rglob("*.sock"))  # left behind
     done, second = _probe(project)
     assert done.returncode == 0 and second["preloaded"] and second["server"] != first["server"]
+
+
+def test_the_server_takes_a_key_not_a_path(project, tmp_path_factory):
+    """`--serve` names a key, never a file: a path a user names there is refused and left as it was."""
+    mine = tmp_path_factory.mktemp("user") / "notes.txt"
+    mine.write_text("keep me")
+    root, sockets = project
+    done = subprocess.run([sys.executable, "-m", "stages.launch", "--serve", str(mine)], cwd=root,
+                          env=_env(sockets), capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "not a server key" in done.stderr
+    assert mine.read_text() == "keep me" and not _servers(sockets)
 
 
 def test_the_launcher_runs_the_stage_directly_when_told(project):
